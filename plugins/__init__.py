@@ -1,0 +1,1 @@
+"""sweeper's built-in plugins, registered through the same entry-point groups as third parties'."""

@@ -1,0 +1,47 @@
+"""Built-in small data sets, returned whole as tensors: digits (real, offline) and synthetic."""
+
+from __future__ import annotations
+
+import torch
+
+from sweeper.plugin import DataSplits
+
+
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded permutation cut into (train, val) indices; the same seed gives the same split."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be between 0 and 1 (got {val_fraction})")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_val = max(1, round(n * val_fraction))
+    return order[n_val:], order[:n_val]
+
+
+def digits(*, val_fraction: float = 0.2, seed: int = 0) -> DataSplits:
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes): real data that
+    needs no download. Pixels 0..16 are scaled to 0..1, then standardised with the training
+    split's mean and std."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.data, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(bunch.target, dtype=torch.int64)
+    train, val = split_indices(len(y), val_fraction, seed)
+    mean, std = x[train].mean().item(), x[train].std().item()
+    x = (x - mean) / std
+    return DataSplits(train_x=x[train], train_y=y[train], val_x=x[val], val_y=y[val], num_classes=10,
+                      class_names=tuple(str(d) for d in range(10)),
+                      normalization={"scale": 1 / 16.0, "mean": [mean], "std": [std]})
+
+
+def synthetic(*, num_train: int = 512, num_val: int = 128, input_shape: tuple[int, ...] = (1, 8, 8),
+              num_classes: int = 4, noise: float = 0.1, seed: int = 0) -> DataSplits:
+    """Gaussian inputs labelled by a fixed random linear teacher (plus ``noise`` on the logits):
+    learnable, so a sweep over it has something to find. For smoke tests; costs milliseconds."""
+    g = torch.Generator().manual_seed(seed)
+    shape = tuple(input_shape)
+    x = torch.randn(num_train + num_val, *shape, generator=g)
+    teacher = torch.randn(x[0].numel(), num_classes, generator=g)
+    logits = x.flatten(1) @ teacher
+    y = (logits + noise * logits.std() * torch.randn(logits.shape, generator=g)).argmax(1)
+    return DataSplits(train_x=x[:num_train], train_y=y[:num_train], val_x=x[num_train:],
+                      val_y=y[num_train:], num_classes=num_classes)

@@ -1,0 +1,44 @@
+"""Built-in LR schedules. Each is stepped once per optimizer step, except ``plateau``
+(ReduceLROnPlateau), which the trainer steps once per epoch with the validation loss."""
+
+from __future__ import annotations
+
+from torch.optim import Optimizer, lr_scheduler
+
+
+def none(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int) -> None:
+    """Constant learning rate."""
+    return None
+
+
+def onecycle(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, pct_start: float = 0.25,
+             div_factor: float = 25.0, final_div_factor: float = 1e4) -> lr_scheduler.OneCycleLR:
+    """One-cycle policy (Smith 2018) peaking at the optimizer's configured LR."""
+    peak = [group["lr"] for group in optimizer.param_groups]
+    return lr_scheduler.OneCycleLR(optimizer, max_lr=peak, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                                   pct_start=pct_start, div_factor=div_factor,
+                                   final_div_factor=final_div_factor)
+
+
+def cosine(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
+           min_lr: float = 0.0) -> lr_scheduler.LRScheduler:
+    """Cosine decay to ``min_lr`` over the run, after an optional linear warm-up (epochs)."""
+    total = epochs * steps_per_epoch
+    warmup = int(warmup_epochs * steps_per_epoch)
+    decay = lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup), eta_min=min_lr)
+    if warmup == 0:
+        return decay
+    ramp = lr_scheduler.LinearLR(optimizer, start_factor=1.0 / warmup, total_iters=warmup)
+    return lr_scheduler.SequentialLR(optimizer, [ramp, decay], milestones=[warmup])
+
+
+def step(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: int = 10,
+         gamma: float = 0.1) -> lr_scheduler.StepLR:
+    """Multiply the LR by ``gamma`` every ``step_epochs`` epochs."""
+    return lr_scheduler.StepLR(optimizer, step_size=step_epochs * steps_per_epoch, gamma=gamma)
+
+
+def plateau(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, factor: float = 0.1,
+            patience: int = 2, min_lr: float = 0.0) -> lr_scheduler.ReduceLROnPlateau:
+    """Multiply the LR by ``factor`` when the validation loss stalls for ``patience`` epochs."""
+    return lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=factor, patience=patience, min_lr=min_lr)

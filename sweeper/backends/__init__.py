@@ -1,0 +1,1 @@
+"""Orchestration backends: they decide which trial runs next and which is stopped."""

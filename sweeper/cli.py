@@ -1,0 +1,105 @@
+"""The ``sweeper`` command: a thin typer app; each command calls one library function.
+
+Heavy libraries (torch, optuna, mlflow) are imported inside the commands that need them,
+so ``sweeper --help`` stays fast."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+
+from sweeper.errors import UserError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Plugin-based hyperparameter sweeps for PyTorch.")
+err = Console(stderr=True, highlight=False)
+
+SPEC = typer.Argument(..., help="sweep spec (YAML), e.g. search_spaces/digits.yaml", show_default=False)
+OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.epochs=3", show_default=False)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
+    return wrapper
+
+
+@app.command()
+@user_errors
+def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
+        out: Optional[Path] = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)")) -> None:
+    """Run (or resume) a sweep."""
+    from sweeper import runner, spec as spec_mod
+    from sweeper.progress import QuietObserver, RichObserver
+
+    sweep = spec_mod.load(spec, overrides or [])
+    observer = QuietObserver() if quiet else RichObserver()
+    summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
+    observer.finish(summary)
+    if summary["best"] is None:
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """Check a spec and its plugins without training; print the resolved spec and budget."""
+    import yaml
+
+    from sweeper import resolve, spec as spec_mod
+
+    sweep = spec_mod.load(spec, overrides or [])
+    resolve.check_plugins(sweep)
+    typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
+    typer.echo(f"# budget: {sweep.budget()}")
+    typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in resolve.provenance(sweep).items())}")
+
+
+@app.command()
+def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
+    """Print the spec's JSON schema (for editor autocompletion)."""
+    from sweeper.spec import json_schema
+
+    text = json.dumps(json_schema(), indent=2)
+    if out:
+        out.write_text(text + "\n")
+    else:
+        typer.echo(text)
+
+
+@app.command()
+@user_errors
+def plugins(kind: Optional[str] = typer.Argument(None, help="datasets, models, optimizers or schedules")) -> None:
+    """List installed plugins (reads package metadata; imports none of them)."""
+    from rich.table import Table
+
+    from sweeper.plugin import KINDS
+    from sweeper.registry import list_plugins
+
+    if kind is not None and kind not in KINDS:
+        raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(KINDS)}")
+    table = Table("kind", "name", "distribution", "version", "target")
+    for p in list_plugins(kind):
+        table.add_row(p.kind, p.name, p.distribution, p.version, p.target)
+    Console().print(table)
+
+
+def main() -> None:
+    app(prog_name="sweeper")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Exceptions that cross module boundaries.
+
+UserError is anything the user can fix (spec, override, plugin name): the CLI prints its
+message and exits 2 without a traceback. The other two travel from the trainer up to the
+backend, which owns the trial's state.
+"""
+
+
+class UserError(Exception):
+    """Bad input: the message names the YAML path or plugin and what was expected."""
+
+
+class TrialPruned(Exception):
+    """Raised by a backend's report() callable when the pruner stops the trial."""
+
+
+class TrialFailed(Exception):
+    """The trial cannot go on; str(self) is the reason recorded for it."""

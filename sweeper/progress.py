@@ -1,0 +1,126 @@
+"""What a person sees while a sweep runs: a bar per running trial, a table of finished trials."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sweeper.spec import SweepSpec
+
+SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
+STYLE = {"complete": "green", "pruned": "yellow", "failed": "red"}
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return "-" if value is None else str(value)
+
+
+def trials_table(records: list[dict[str, Any]], direction: str, metric: str, title: str = "") -> Table:
+    table = Table(title=title or None, title_justify="left")
+    for col in ("#", "state", metric, "best so far", "epochs", "s", "params / reason"):
+        table.add_column(col, justify="right" if col in ("#", "epochs", "s") else "left")
+    best = None
+    for r in sorted(records, key=lambda r: r["number"]):
+        if r["state"] == "complete" and r["value"] is not None:
+            better = best is None or (r["value"] > best if direction == "maximize" else r["value"] < best)
+            best = r["value"] if better else best
+        detail = r["reason"] if r["state"] != "complete" and r.get("reason") else \
+            ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r["params"].items())
+        table.add_row(str(r["number"]), f"[{STYLE.get(r['state'], '')}]{r['state']}", fmt(r["value"]),
+                      fmt(best), str(r["epochs"]), fmt(r["seconds"]), detail)
+    return table
+
+
+class RichObserver:
+    """Live display on the terminal; also prints the final summary."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.bars = Progress(TextColumn("trial {task.fields[number]:>3}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("epochs {task.fields[metric]}"), TimeElapsedColumn(), console=self.console)
+        self.tasks: dict[int, Any] = {}
+        self.records: list[dict[str, Any]] = []
+        self.live: Live | None = None
+        self.spec: SweepSpec | None = None
+
+    def started(self, spec: SweepSpec, out_dir: Path, done: int, remaining: int | None,
+                requeued: list[int]) -> None:
+        self.spec = spec
+        self.console.print(f"[bold]{spec.name}[/]: {spec.budget()}; output in [cyan]{out_dir}[/]")
+        if done:
+            self.console.print(f"resuming: {done} trial(s) already done, {fmt(remaining)} to go")
+        if requeued:
+            self.console.print(f"trial(s) {', '.join(map(str, requeued))} were left running by a stopped "
+                               f"process: marked failed and queued again")
+        self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def _view(self) -> Group:
+        metric = self.spec.objective.metric
+        recent = sorted(self.records, key=lambda r: r["number"])[-SHOWN_ROWS:]
+        return Group(trials_table(recent, self.spec.objective.direction, metric), self.bars)
+
+    def event(self, event: dict[str, Any]) -> None:
+        n = event.get("number", event.get("record", {}).get("number"))
+        if event["event"] == "start":
+            self.tasks[n] = self.bars.add_task("", total=self.spec.train.epochs, number=n, metric="")
+        elif event["event"] == "epoch" and n in self.tasks:
+            metric = self.spec.objective.metric
+            self.bars.update(self.tasks[n], completed=event["epoch"],
+                             metric=f"{metric}={fmt(event['metrics'][metric])}")
+        elif event["event"] == "end":
+            if n in self.tasks:
+                self.bars.remove_task(self.tasks.pop(n))
+            self.records.append(event["record"])
+        if self.live:
+            self.live.update(self._view())
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self.live:
+            self.live.stop()
+        obj = summary["objective"]
+        self.console.print(trials_table(summary["trials"], obj["direction"], obj["metric"], title="trials"))
+        print_result(self.console, summary)
+
+
+def print_result(console: Console, summary: dict[str, Any]) -> None:
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(summary["counts"].items()))
+    console.print(f"trials: {counts or 'none'}")
+    best = summary["best"]
+    if best:
+        params = ", ".join(f"{k}={fmt(v)}" for k, v in best["params"].items())
+        console.print(f"[bold green]best[/]: trial {best['number']} {summary['objective']['metric']}="
+                      f"{fmt(best['value'])} seed={best['seed']} {params}")
+    else:
+        console.print("[bold red]no trial completed[/]")
+    for e in summary.get("export", []):
+        if "error" in e:
+            console.print(f"[red]export {e['format']} failed[/]: {e['error']}")
+        else:
+            console.print(f"export {e['format']}: {e['path']} (max |diff| {e['max_abs_diff']:.2g})")
+    mlflow = summary["mlflow"]
+    if mlflow["tracking_uri"]:
+        console.print(f"MLflow: experiment '{mlflow['experiment']}', run {mlflow['parent_run_id']}; "
+                      f"browse with: mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
+    console.print(f"output: {summary['out_dir']}")
+
+
+class QuietObserver:
+    """--quiet: no live display; only the final lines."""
+
+    def started(self, *args: Any) -> None:
+        pass
+
+    def event(self, event: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        print_result(Console(highlight=False), summary)

@@ -1,0 +1,145 @@
+"""run_sweep(spec): resolve -> search -> best -> export -> record."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from sweeper import resolve
+from sweeper.errors import UserError
+from sweeper.spec import SweepSpec
+from sweeper.tracking import Tracker
+
+PARENT_RUN = "mlflow_parent_run"  # study user attr: {"uri", "run_id"} of the sweep's parent run
+
+
+class Observer(Protocol):
+    """Receives a sweep's progress (the CLI's rich display, or nothing in quiet mode)."""
+
+    def started(self, spec: SweepSpec, out_dir: Path, done: int, remaining: int | None,
+                requeued: list[int]) -> None: ...
+    def event(self, event: dict[str, Any]) -> None: ...
+
+
+def default_out_dir(spec: SweepSpec) -> Path:
+    return Path("runs") / spec.name
+
+
+def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, Any]:
+    """Run (or resume) the sweep into ``out_dir``; returns the summary also written there."""
+    import torch
+
+    from sweeper.backends import optuna as backend
+
+    resolve.check_plugins(spec)
+    if spec.train.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; "
+                        "use 'auto' or 'cpu'")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+
+    study = backend.open_study(spec, out_dir)
+    requeued = backend.recover_interrupted(study)
+    tracker = Tracker.for_spec(spec)
+    previous = study.user_attrs.get(PARENT_RUN) or {}
+    parent = tracker.start_sweep(spec, previous.get("run_id") if previous.get("uri") == tracker.uri else None)
+    if parent and previous.get("run_id") != parent:
+        study.set_user_attr(PARENT_RUN, {"uri": tracker.uri, "run_id": parent})
+
+    done = backend.counted(study)
+    remaining = None if spec.search.n_trials is None else max(0, spec.search.n_trials - done)
+    observer.started(spec, out_dir, done, remaining, requeued)
+    if remaining != 0:
+        if spec.search.parallel == 1:
+            backend.run_worker(spec, out_dir, parent, remaining, 0, observer.event)
+        else:
+            _run_parallel(spec, out_dir, parent, remaining, observer)
+
+    summary = summarize(spec, study, out_dir, tracker, parent)
+    artifacts = [out_dir / "spec.yaml"]
+    if summary["best"] is not None and spec.export.formats:
+        summary["export"] = export_best(spec, summary["best"], out_dir)
+        artifacts += [Path(e["path"]) for e in summary["export"] if "path" in e]
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    tracker.end_sweep(parent, summary, [summary_path, *artifacts])
+    return summary
+
+
+def _run_parallel(spec: SweepSpec, out_dir: Path, parent: str | None, remaining: int | None,
+                  observer: Observer) -> None:
+    """``parallel`` worker processes on this machine, sharing the study's storage."""
+    n = spec.search.parallel
+    quotas = [None] * n if remaining is None else [remaining // n + (i < remaining % n) for i in range(n)]
+    ctx = mp.get_context("spawn")  # fork after torch/sqlite initialisation is unsafe
+    events = ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(spec.model_dump(), out_dir, parent, q, i, events, n),
+                         daemon=True) for i, q in enumerate(quotas) if q != 0]
+    for p in procs:
+        p.start()
+    while any(p.is_alive() for p in procs) or not events.empty():
+        try:
+            observer.event(events.get(timeout=0.2))
+        except queue.Empty:
+            pass
+    for p in procs:
+        p.join()
+
+
+def _worker_main(spec_dict: dict[str, Any], out_dir: Path, parent: str | None, quota: int | None,
+                 index: int, events: Any, workers: int) -> None:
+    import torch
+
+    from sweeper.backends import optuna as backend
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))  # share the cores, don't oversubscribe
+    backend.run_worker(SweepSpec.model_validate(spec_dict), out_dir, parent, quota, index, events.put)
+
+
+def summarize(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None) -> dict[str, Any]:
+    from sweeper.backends import optuna as backend
+
+    records = [backend.record(t) for t in study.get_trials(deepcopy=False)]
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    complete = [r for r in records if r["state"] == "complete"]
+    best = None
+    if complete:
+        pick = max if spec.objective.direction == "maximize" else min
+        b = pick(complete, key=lambda r: r["value"])
+        best = {k: b[k] for k in ("number", "params", "value", "seed", "mlflow_run_id")}
+        best["metrics"] = b["history"][-1] if b["history"] else {}
+        best["checkpoint"] = str(backend.checkpoint_path(out_dir, b["number"]))
+    return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
+            "storage": backend.storage_url(spec, out_dir), "counts": counts, "best": best,
+            "mlflow": {"tracking_uri": tracker.uri, "experiment": tracker.experiment, "parent_run_id": parent},
+            "spec": spec.model_dump(mode="json"), "trials": records}
+
+
+def export_best(spec: SweepSpec, best: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """Rebuild the best trial's model from its checkpoint and export it; one entry per format
+    (an entry with ``error`` when that format failed: the others still run)."""
+    from sweeper import checkpoint, export
+    from sweeper.trial import build_model, load_data
+
+    import torch
+
+    best_spec = spec.with_values(best["params"])
+    data = load_data(best_spec, torch.device("cpu"))
+    model = build_model(best_spec, data)
+    model.load_state_dict(checkpoint.load(Path(best["checkpoint"]))["model"])
+    example = data.val_x[: min(64, data.val_x.shape[0])]
+    results = []
+    for fmt in spec.export.formats:
+        try:
+            results.append(export.torchscript(model, example, out_dir / "model.torchscript.pt", spec.export.atol))
+        except Exception as exc:  # one failed format must not lose the sweep or the others
+            results.append({"format": fmt, "error": f"{type(exc).__name__}: {exc}"})
+    return results

@@ -1,0 +1,152 @@
+"""Search-space parameters addressed by dotted paths into the spec.
+
+Sampling goes through a duck-typed ``suggest_float/suggest_int/suggest_categorical`` object
+(an Optuna trial, or anything shaped like one), so this module imports no backend.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, Literal, Protocol, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Scalar = Union[bool, int, float, str, None]
+
+
+class _Param(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Sample this parameter only when each named parameter has the given value.
+    when: dict[str, Scalar] | None = None
+
+
+class FloatParam(_Param):
+    type: Literal["float"]
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> FloatParam:
+        _check_range(self.low, self.high, self.log, self.step)
+        return self
+
+
+class IntParam(_Param):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+    step: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> IntParam:
+        _check_range(self.low, self.high, self.log, self.step if self.step != 1 else None)
+        return self
+
+
+class CategoricalParam(_Param):
+    type: Literal["categorical"]
+    choices: list[Scalar] = Field(min_length=1)
+
+
+Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+
+
+def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
+    if low > high:
+        raise ValueError(f"low ({low}) must be <= high ({high})")
+    if log and low <= 0:
+        raise ValueError(f"log scale needs low > 0 (got low={low})")
+    if log and step is not None:
+        raise ValueError("log and step cannot be combined; choose one")
+
+
+class Suggester(Protocol):
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float: ...
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
+    def suggest_categorical(self, name: str, choices: Any) -> Any: ...
+
+
+def ordered(space: dict[str, Param]) -> list[tuple[str, Param]]:
+    """Parameters in sampling order: each after the parameters its ``when`` refers to."""
+    done: dict[str, Param] = {}
+    pending = dict(space)
+    while pending:
+        ready = [p for p, param in pending.items() if all(dep in done for dep in (param.when or {}))]
+        if not ready:
+            path, param = next(iter(pending.items()))
+            missing = [d for d in (param.when or {}) if d not in space]
+            if missing:
+                raise ValueError(f"search.space.{path}.when refers to '{missing[0]}', which is not a "
+                                 f"parameter of the space (known: {', '.join(space)})")
+            raise ValueError(f"search.space: the 'when' conditions of {', '.join(pending)} form a cycle")
+        for path in ready:
+            done[path] = pending.pop(path)
+    return list(done.items())
+
+
+def active(param: Param, chosen: dict[str, Any]) -> bool:
+    return all(dep in chosen and chosen[dep] == value for dep, value in (param.when or {}).items())
+
+
+def suggest(space: dict[str, Param], trial: Suggester) -> dict[str, Any]:
+    """Sample one point; conditional parameters whose condition fails are left out."""
+    chosen: dict[str, Any] = {}
+    for path, p in ordered(space):
+        if not active(p, chosen):
+            continue
+        if isinstance(p, FloatParam):
+            chosen[path] = trial.suggest_float(path, p.low, p.high, step=p.step, log=p.log)
+        elif isinstance(p, IntParam):
+            chosen[path] = trial.suggest_int(path, p.low, p.high, step=p.step, log=p.log)
+        else:
+            chosen[path] = trial.suggest_categorical(path, p.choices)
+    return chosen
+
+
+def grid_values(path: str, p: Param) -> list[Any]:
+    """The discrete values of one parameter, for the grid sampler."""
+    if isinstance(p, CategoricalParam):
+        return list(p.choices)
+    if isinstance(p, IntParam) and not p.log:
+        return list(range(p.low, p.high + 1, p.step))
+    if isinstance(p, FloatParam) and p.step is not None:
+        count = int(round((p.high - p.low) / p.step)) + 1
+        return [round(p.low + i * p.step, 12) for i in range(count)]
+    raise ValueError(f"search.space.{path}: the grid sampler needs discrete values "
+                     f"(categorical, int without log, or float with step)")
+
+
+def representatives(p: Param) -> list[Any]:
+    """A few values a parameter can take: enough to type-check its path in the spec."""
+    if isinstance(p, CategoricalParam):
+        return list(p.choices)
+    return [p.low, p.high]
+
+
+def set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts, creating missing dicts; a key that itself contains dots
+    (a search-space key) is matched whole when present."""
+    parts = path.split(".")
+    node, walked = tree, []
+    while len(parts) > 1:
+        n = next((n for n in range(len(parts) - 1, 0, -1) if ".".join(parts[:n]) in node), 1)
+        key = ".".join(parts[:n])
+        walked.append(key)
+        if node.get(key) is None:
+            node[key] = {}
+        if not isinstance(node[key], dict):
+            raise ValueError(f"'{'.'.join(walked)}' is a value, not a section: cannot set '{path}'")
+        node, parts = node[key], parts[n:]
+    node[parts[0]] = value
+
+
+def apply(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``tree`` with each dotted path set to its value."""
+    out = copy.deepcopy(tree)
+    for path, value in values.items():
+        set_path(out, path, value)
+    return out

@@ -1,0 +1,237 @@
+"""The sweep spec: YAML -> validated, frozen pydantic models; dotted-path overrides; schema.
+
+Every default lives here, with its unit and reason.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sweeper import space as sp
+from sweeper.errors import UserError
+
+# Metrics the trainer reports each epoch; the objective must be one of them.
+METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
+# Sections the search space may address; the others configure the sweep itself.
+SEARCHABLE_ROOTS = ("dataset", "model", "optimizer", "schedule", "train")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PluginRef(_Strict):
+    plugin: str = Field(min_length=1, description="entry-point name, or 'distribution:name'")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
+
+    @field_validator("args")
+    @classmethod
+    def _drop_unset(cls, args: dict[str, Any]) -> dict[str, Any]:
+        # An unset value means "the plugin's own default": never pass None through.
+        return {k: v for k, v in args.items() if v is not None}
+
+
+class Objective(_Strict):
+    metric: Literal[METRICS] = "val_acc"  # value of the last epoch is the trial's value
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+
+class TrainSpec(_Strict):
+    epochs: int = Field(default=10, ge=1)
+    batch_size: int = Field(default=128, ge=1, description="samples per optimizer step")
+    accumulate: int = Field(default=1, ge=1, description="micro-batches per optimizer step (saves memory)")
+    eval_batch_size: int = Field(default=1024, ge=1)  # evaluation holds no activations for backward
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
+    grad_clip: float | None = Field(default=None, gt=0, description="max global L2 norm of the gradients")
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available
+
+    @model_validator(mode="after")
+    def _micro_batches(self) -> TrainSpec:
+        if self.accumulate > self.batch_size:
+            raise ValueError(f"accumulate ({self.accumulate}) cannot exceed batch_size ({self.batch_size})")
+        return self
+
+
+class PrunerSpec(_Strict):
+    type: Literal["none", "median", "asha", "hyperband"] = "none"
+    min_epochs: int = Field(default=1, ge=1, description="no trial is stopped before this epoch")
+    reduction_factor: int = Field(default=3, ge=2)  # asha/hyperband: keep 1/reduction_factor per rung
+    startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
+
+
+class SearchSpec(_Strict):
+    backend: Literal["optuna"] = "optuna"
+    sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
+    pruner: PrunerSpec = PrunerSpec()
+    n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
+    timeout: float | None = Field(default=None, gt=0, description="seconds for this invocation")
+    parallel: int = Field(default=1, ge=1, description="worker processes on this machine")
+    storage: str | None = Field(default=None, description="Optuna storage URL; default: sqlite in --out")
+    space: dict[str, sp.Param] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_space(self) -> SearchSpec:
+        for path in self.space:
+            root = path.split(".")[0]
+            if root not in SEARCHABLE_ROOTS:
+                raise ValueError(f"'{path}' cannot be searched; paths start with one of "
+                                 f"{', '.join(SEARCHABLE_ROOTS)}")
+        sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+        if self.sampler == "grid":
+            for path, param in self.space.items():
+                sp.grid_values(path, param)
+        elif self.n_trials is None and self.timeout is None:
+            raise ValueError("set n_trials, timeout, or both: the sweep needs a budget")
+        return self
+
+
+class TrackingSpec(_Strict):
+    enabled: bool = True
+    # Precedence: this value, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (MLflow's default).
+    mlflow_uri: str | None = None
+    experiment: str | None = None  # default: the sweep's name
+
+
+class ExportSpec(_Strict):
+    formats: list[Literal["torchscript"]] = ["torchscript"]
+    atol: float = Field(default=1e-4, gt=0)  # max |eager - exported| on a validation batch, fp32
+
+
+class SweepSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = Field(default=0, ge=0, description="sweep seed: data split, sampler, trial seeds")
+    objective: Objective = Objective()
+    dataset: PluginRef
+    model: PluginRef
+    optimizer: PluginRef
+    schedule: PluginRef = PluginRef(plugin="none")
+    train: TrainSpec = TrainSpec()
+    search: SearchSpec = SearchSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    export: ExportSpec = ExportSpec()
+
+    def with_values(self, values: dict[str, Any]) -> SweepSpec:
+        """This spec with searched values set at their dotted paths (re-validated)."""
+        return SweepSpec.model_validate(sp.apply(self.model_dump(), values))
+
+    def budget(self) -> str:
+        n = self.search.n_trials
+        if self.search.sampler == "grid":
+            size = 1
+            for path, param in self.search.space.items():
+                size *= len(sp.grid_values(path, param))
+            n = min(n or size, size)
+        trials = f"{n} trials × ≤{self.train.epochs} epochs (≤{n * self.train.epochs} epochs)" if n else "no trial cap"
+        timeout = f"{self.search.timeout:g} s" if self.search.timeout else "none"
+        return f"{trials}, timeout {timeout}, {self.search.parallel} worker(s), pruner {self.search.pruner.type}"
+
+
+# --- YAML -----------------------------------------------------------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """Safe loader that reads 1e-3 as a float (YAML 1.1 wants 1.0e-3; users write 1e-3)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"{where}: invalid YAML ({problem}); expected a mapping of spec sections.") from None
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    values = {}
+    for item in overrides:
+        path, eq, raw = item.partition("=")
+        if not eq or not path or " " in path:
+            raise UserError(f"override '{item}': expected dotted.path=value, e.g. train.epochs=3")
+        values[path] = parse_yaml(raw, f"override {path}") if raw else ""
+    try:
+        return sp.apply(tree, values)
+    except ValueError as exc:
+        raise UserError(f"override: {exc}") from None
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
+    """Read, override and validate a spec; every problem becomes a UserError naming the path."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the spec ({exc.strerror}); expected a YAML file such as "
+                        f"search_spaces/digits.yaml") from None
+    tree = parse_yaml(text, str(path))
+    if not isinstance(tree, dict):
+        raise UserError(f"{path}: expected a mapping of spec sections (name, dataset, model, ...), "
+                        f"got {type(tree).__name__}")
+    tree = apply_overrides(tree, list(overrides))
+    spec = validate(tree, str(path))
+    _check_space_types(spec, str(path))
+    return spec
+
+
+def validate(tree: dict[str, Any], source: str) -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(tree)
+    except ValidationError as exc:
+        raise UserError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
+
+
+def _check_space_types(spec: SweepSpec, source: str) -> None:
+    """Each searched value must fit the field it addresses (e.g. train.batch_size is an int)."""
+    base = spec.model_dump()
+    for path, param in spec.search.space.items():
+        for value in sp.representatives(param):
+            try:
+                SweepSpec.model_validate(sp.apply(base, {path: value}))
+            except (ValidationError, ValueError) as exc:
+                detail = _describe(exc.errors()[0]) if isinstance(exc, ValidationError) else str(exc)
+                raise UserError(f"{source}: search.space.{path}: value {value!r} does not fit the spec "
+                                f"({detail})") from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    if loc[:2] == ["search", "space"] and len(loc) > 3 and loc[3] in ("float", "int", "categorical"):
+        del loc[3]  # pydantic puts the union tag in the location
+    where = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(err["loc"][:-1])
+        return f"{where}: unknown key" + (f"; expected one of: {', '.join(allowed)}" if allowed else "")
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
+    return f"{where}: {msg}{shown}"
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = SweepSpec
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = field.annotation
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def json_schema() -> dict[str, Any]:
+    schema = SweepSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "sweeper sweep spec"
+    return schema

@@ -1,0 +1,145 @@
+"""MLflow: one parent run per sweep, one nested run per trial, one batched call per epoch.
+
+Uses ``MlflowClient`` (explicit run ids, no global active run) so worker processes can log
+their own trials under the same parent.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sweeper.spec import SweepSpec
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
+TAG = "sweeper."
+
+
+def tracking_uri(spec: SweepSpec) -> str:
+    return spec.tracking.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def flat_params(spec: SweepSpec) -> dict[str, str]:
+    """The parts of a resolved spec that define a trial, as dotted MLflow params."""
+    out = {}
+    for section in ("dataset", "model", "optimizer", "schedule"):
+        ref = getattr(spec, section)
+        out[f"{section}.plugin"] = ref.plugin
+        out.update({f"{section}.args.{k}": json.dumps(v) if not isinstance(v, str) else v
+                    for k, v in ref.args.items()})
+    out.update({f"train.{k}": str(v) for k, v in spec.train.model_dump().items()})
+    return out
+
+
+class Tracker:
+    """Logs a sweep; a disabled tracker (tracking.enabled: false) does nothing."""
+
+    def __init__(self, uri: str | None, experiment: str | None) -> None:
+        self.uri = uri
+        self.experiment = experiment
+        self._client = None
+        if uri is not None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=uri)
+
+    @classmethod
+    def for_spec(cls, spec: SweepSpec) -> Tracker:
+        if not spec.tracking.enabled:
+            return cls(None, None)
+        return cls(tracking_uri(spec), spec.tracking.experiment or spec.name)
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    @functools.cached_property
+    def _experiment_id(self) -> str:
+        found = self._client.get_experiment_by_name(self.experiment)
+        return found.experiment_id if found else self._client.create_experiment(self.experiment)
+
+    def start_sweep(self, spec: SweepSpec, resume_run_id: str | None) -> str | None:
+        """The sweep's parent run: a new one, or the run of the sweep being resumed."""
+        if not self.enabled:
+            return None
+        if resume_run_id:
+            self._client.update_run(resume_run_id, status="RUNNING")
+            return resume_run_id
+        run = self._client.create_run(self._experiment_id, run_name=spec.name,
+                                      tags={f"{TAG}kind": "sweep", f"{TAG}git_rev": git_revision() or "unknown"})
+        run_id = run.info.run_id
+        self._client.log_dict(run_id, spec.model_dump(mode="json"), "spec.json")
+        self._client.log_batch(run_id, params=_params({"seed": str(spec.seed), "sampler": spec.search.sampler,
+                                                       "pruner": spec.search.pruner.type,
+                                                       "n_trials": str(spec.search.n_trials),
+                                                       "objective": spec.objective.metric}))
+        return run_id
+
+    def start_trial(self, parent_id: str | None, number: int, seed: int, spec: SweepSpec,
+                    tags: dict[str, str]) -> str | None:
+        if not self.enabled:
+            return None
+        from mlflow.entities import RunTag
+
+        run = self._client.create_run(self._experiment_id, run_name=f"trial-{number}",
+                                      tags={"mlflow.parentRunId": parent_id, f"{TAG}kind": "trial"})
+        all_tags = {f"{TAG}trial": str(number), f"{TAG}seed": str(seed), **{f"{TAG}{k}": v for k, v in tags.items()}}
+        self._client.log_batch(run.info.run_id, params=_params(flat_params(spec)),
+                               tags=[RunTag(k, v) for k, v in all_tags.items()])
+        return run.info.run_id
+
+    def log_epoch(self, run_id: str | None, epoch: int, metrics: dict[str, float]) -> None:
+        if run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, epoch) for k, v in metrics.items()])
+
+    def end_trial(self, run_id: str | None, state: str, reason: str | None, error: str | None = None) -> None:
+        if run_id is None:
+            return
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(f"{TAG}state", state)] + ([RunTag(f"{TAG}reason", reason[:5000])] if reason else [])
+        self._client.log_batch(run_id, tags=tags)
+        if error:
+            self._client.log_text(run_id, error, "error.txt")
+        self._client.set_terminated(run_id, status="FAILED" if state == "failed" else "FINISHED")
+
+    def end_sweep(self, run_id: str | None, summary: dict[str, Any], artifacts: list[Path]) -> None:
+        if run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        best = summary.get("best") or {}
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"best_{k}", float(v), now, 0) for k, v in (best.get("metrics") or {}).items()]
+        counts = {f"trials_{state}": n for state, n in summary["counts"].items()}
+        metrics += [Metric(k, float(v), now, 0) for k, v in counts.items()]
+        tags = {f"{TAG}best_trial": str(best.get("number")), f"{TAG}best_run_id": str(best.get("mlflow_run_id"))}
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+        for path in artifacts:
+            self._client.log_artifact(run_id, str(path))
+        self._client.set_terminated(run_id, status="FINISHED")
+
+
+def _params(values: dict[str, str]) -> list:
+    from mlflow.entities import Param
+
+    return [Param(k, str(v)[:6000]) for k, v in values.items()]  # MLflow caps a param at 6,000 chars

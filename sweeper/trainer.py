@@ -1,0 +1,133 @@
+"""Fit one model: pure PyTorch. No optuna, ray or mlflow here: progress leaves through the
+``report(epoch, metrics)`` callable, which may raise ``TrialPruned``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from sweeper.data import eval_batches, train_batches
+from sweeper.errors import TrialFailed
+from sweeper.plugin import DataSplits
+from sweeper.spec import TrainSpec
+
+Report = Callable[[int, dict[str, float]], None]
+# Checking the loss for NaN/Inf forces a GPU sync; on CUDA do it every this many optimizer steps.
+FINITE_CHECK_EVERY = 25
+
+
+def resolve_device(preference: str, worker_index: int = 0) -> torch.device:
+    """cuda when asked or available (one GPU per worker, round robin), else cpu."""
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise TrialFailed("train.device is 'cuda' but no CUDA device is available")
+    return torch.device("cuda", worker_index % torch.cuda.device_count())
+
+
+def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """The autocast dtype, or None for plain fp32."""
+    if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
+        return None
+    if precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported()):
+        return torch.float16
+    return torch.bfloat16
+
+
+def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data: DataSplits,
+        train: TrainSpec, *, seed: int, report: Report) -> list[dict[str, float]]:
+    """Train for ``train.epochs`` epochs; returns the per-epoch metrics (also sent to ``report``)."""
+    device = data.train_x.device
+    dtype = amp_dtype(device, train.precision)
+    # fp16 needs loss scaling to keep small gradients; bf16 has fp32's range and does not.
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+    criterion = nn.CrossEntropyLoss(label_smoothing=train.label_smoothing)
+    per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    params = [p for p in model.parameters() if p.requires_grad]
+    order_gen = torch.Generator().manual_seed(seed)  # batch order
+    augment_gen = torch.Generator(device=device).manual_seed(seed + 1)  # augmentation draws
+    history: list[dict[str, float]] = []
+
+    for epoch in range(1, train.epochs + 1):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        model.train()
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device, dtype=torch.int64)
+        norm_sum = torch.zeros((), device=device)
+        seen = steps = 0
+        for batch in train_batches(data, train.batch_size, order_gen):
+            optimizer.zero_grad(set_to_none=True)
+            for micro in batch.tensor_split(train.accumulate):  # accumulate: same math, less memory
+                x, y = data.train_x[micro], data.train_y[micro]
+                if data.train_transform is not None:
+                    x = data.train_transform(x, augment_gen)
+                with _autocast(device, dtype):
+                    out = model(x)
+                    loss = criterion(out, y)
+                # weight each micro-batch by its share so the sum is the full batch's mean loss
+                scaler.scale(loss * (len(micro) / len(batch))).backward()
+                loss_sum += loss.detach().float() * len(micro)
+                correct += (out.argmax(1) == y).sum()
+            scaler.unscale_(optimizer)
+            if train.grad_clip is not None:
+                norm = nn.utils.clip_grad_norm_(params, train.grad_clip)
+            else:
+                norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            scaler.step(optimizer)
+            scaler.update()
+            if scheduler is not None and not per_epoch_scheduler:
+                scheduler.step()
+            norm_sum += norm.float()
+            seen += len(batch)
+            steps += 1
+            if (device.type == "cpu" or steps % FINITE_CHECK_EVERY == 0) and not torch.isfinite(loss_sum):
+                raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
+        train_loss = loss_sum.item() / seen
+        if not math.isfinite(train_loss):
+            raise TrialFailed(f"non-finite loss at epoch {epoch}")
+        val_loss, val_acc = evaluate(model, data, train.eval_batch_size, dtype)
+        if per_epoch_scheduler:
+            scheduler.step(val_loss)
+        seconds = time.perf_counter() - start
+        metrics = {"train_loss": train_loss, "train_acc": correct.item() / seen, "val_loss": val_loss,
+                   "val_acc": val_acc, "lr": optimizer.param_groups[0]["lr"],
+                   "grad_norm": norm_sum.item() / steps, "epoch_seconds": seconds,
+                   "samples_per_s": seen / seconds}
+        if device.type == "cuda":
+            metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        history.append(metrics)
+        report(epoch, metrics)
+    return history
+
+
+def evaluate(model: nn.Module, data: DataSplits, batch_size: int,
+             dtype: torch.dtype | None = None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) on the validation split."""
+    model.eval()
+    device = data.val_x.device
+    loss = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    n = data.val_x.shape[0]
+    with torch.inference_mode(), _autocast(device, dtype):
+        for part in eval_batches(n, batch_size):
+            out = model(data.val_x[part]).float()
+            loss += F.cross_entropy(out, data.val_y[part], reduction="sum")
+            correct += (out.argmax(1) == data.val_y[part]).sum()
+    val_loss = loss.item() / n
+    if not math.isfinite(val_loss):
+        raise TrialFailed("non-finite loss on the validation split")
+    return val_loss, correct.item() / n
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
