@@ -162,6 +162,13 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not eq or not path or " " in path:
             raise UserError(f"override '{item}': expected dotted.path=value, e.g. train.epochs=3")
         values[path] = parse_yaml(raw, f"override {path}") if raw else ""
+    tree = dict(tree)
+    for path in [p for p in values if p.startswith("search.space.")]:
+        key = path.removeprefix("search.space.")
+        space = (tree.get("search") or {}).get("space") or {}
+        if not any(key == k or key.startswith(k + ".") for k in space):
+            # a new search-space key: its dots belong to the key (a spec path), not to nesting
+            tree["search"] = {**(tree.get("search") or {}), "space": {**space, key: values.pop(path)}}
     try:
         return sp.apply(tree, values)
     except ValueError as exc:

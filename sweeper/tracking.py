@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import subprocess
 import time
@@ -53,6 +54,10 @@ class Tracker:
         self._client = None
         if uri is not None:
             from mlflow.tracking import MlflowClient
+
+            # MLflow logs its database set-up at INFO; the sweep's own display says what matters.
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
 
             self._client = MlflowClient(tracking_uri=uri)
 

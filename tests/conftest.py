@@ -1,0 +1,44 @@
+"""Shared fixtures: every test runs in its own folder, all tests share one MLflow sqlite DB
+(creating an MLflow database costs seconds), each test in its own experiment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SPACES = REPO / "search_spaces"
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture(autouse=True)
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    return tmp_path
+
+
+def write_spec(path: Path, base: str = "smoke", **changes: object) -> Path:
+    """A copy of search_spaces/<base>.yaml with top-level sections replaced."""
+    spec = yaml.safe_load((SPACES / f"{base}.yaml").read_text())
+    spec.update(changes)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def sweeper(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "sweeper", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,0 +1,90 @@
+"""Built-in plugins: models, data sets (CIFAR-10 from tiny files in its on-disk format), schedules."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sweeper import registry
+from sweeper_plugins.cifar import FOLDER, PAD, TRAIN_FILES, random_crop_flip
+
+
+@pytest.mark.parametrize("name, args", [("mlp", {}), ("cnn", {}), ("resnet18", {"width": 8})])
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
+def test_models_map_inputs_to_class_logits(name, args, shape):
+    model = registry.get("models", name)(input_shape=shape, num_classes=7, **args)
+    out = model(torch.randn(5, *shape))
+    assert out.shape == (5, 7)
+    out.sum().backward()  # trainable end to end
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_resnet18_is_the_cifar_variant():
+    model = registry.get("models", "resnet18")(input_shape=(3, 32, 32), num_classes=10, width=64)
+    stem = model[0]
+    assert stem.kernel_size == (3, 3) and stem.stride == (1, 1)
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
+    assert 11.0e6 < sum(p.numel() for p in model.parameters()) < 11.3e6  # ResNet-18: 11.2 M
+
+
+def test_digits_is_real_and_split_by_seed():
+    digits = registry.get("datasets", "digits")
+    a, b, c = digits(seed=0), digits(seed=0), digits(seed=1)
+    assert a.train_x.shape == (1438, 1, 8, 8) and a.val_x.shape == (359, 1, 8, 8) and a.num_classes == 10
+    assert torch.equal(a.val_y, b.val_y) and not torch.equal(a.val_y, c.val_y)
+    assert abs(a.train_x.mean().item()) < 1e-5  # standardised on the training split
+
+
+def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
+    """CIFAR-10's on-disk 'python version': pickled dicts of uint8 rows (3072 = 3x32x32) + labels."""
+    folder = root / FOLDER
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in (*TRAIN_FILES, "test_batch"):
+        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+
+
+def test_cifar10_reads_the_on_disk_format(tmp_path: Path):
+    write_tiny_cifar(tmp_path)
+    data = registry.get("datasets", "cifar10")(root=str(tmp_path), val_fraction=0.2, seed=3)
+    assert data.train_x.shape == (80, 3, 32, 32) and data.val_x.shape == (20, 3, 32, 32)
+    assert data.class_names[0] == "airplane" and data.num_classes == 10
+    assert data.train_transform is random_crop_flip
+    assert data.normalization["mean"] == pytest.approx([0.4914, 0.4822, 0.4465])
+
+
+def test_cifar10_missing_files_say_what_to_do(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="download: true"):
+        registry.get("datasets", "cifar10")(root=str(tmp_path))
+
+
+def test_crop_flip_is_seeded_and_moves_pixels_within_the_padding():
+    x = torch.arange(2 * 3 * 32 * 32, dtype=torch.float32).reshape(2, 3, 32, 32) + 1
+    a = random_crop_flip(x, torch.Generator().manual_seed(0))
+    b = random_crop_flip(x, torch.Generator().manual_seed(0))
+    assert a.shape == x.shape and torch.equal(a, b)
+    values = set(x.flatten().tolist()) | {0.0}  # every output pixel is an input pixel or padding
+    assert set(a.flatten().tolist()) <= values
+    assert not torch.equal(a, x) and PAD == 4
+
+
+@pytest.mark.parametrize("name", ["none", "onecycle", "cosine", "step", "plateau"])
+def test_schedules_build(name):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = registry.get("schedules", name)(opt, epochs=3, steps_per_epoch=4)
+    assert (sched is None) == (name == "none")
+    if name == "onecycle":
+        lrs = []
+        for _ in range(12):
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        assert max(lrs) == pytest.approx(0.1, rel=0.05)  # peaks at the configured LR
