@@ -1,0 +1,156 @@
+"""End to end through the real CLI: Optuna on sqlite, MLflow on sqlite, TorchScript export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+from mlflow.tracking import MlflowClient
+
+from conftest import SPACES, sweeper, write_spec
+
+
+def children(client: MlflowClient, parent_id: str) -> list:
+    exp = client.get_run(parent_id).info.experiment_id
+    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
+    proc = sweeper("run", str(SPACES / "digits.yaml"), "search.n_trials=3", "train.epochs=3",
+                   "tracking.experiment=e2e-digits", "--out", "out", "--quiet", check=True)
+    assert "output: out" in proc.stdout
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+
+    # summary.json: resolved spec, best trial, every trial
+    assert summary["spec"]["train"]["epochs"] == 3 and summary["spec"]["name"] == "digits"
+    assert len(summary["trials"]) == 3
+    best = summary["best"]
+    assert set(best) >= {"number", "params", "value", "seed", "metrics"}
+    assert best["value"] == max(t["value"] for t in summary["trials"] if t["state"] == "complete")
+    assert best["value"] > 0.8
+    for t in summary["trials"]:
+        assert set(t) >= {"number", "state", "params", "value", "seed", "reason"}
+        assert set(t["params"]) == {"optimizer.args.lr", "optimizer.args.weight_decay", "model.args.channels"}
+    assert len({t["seed"] for t in summary["trials"]}) == 3
+
+    # MLflow: one parent run, a nested run per trial with per-epoch history and provenance tags
+    client = MlflowClient(mlflow_uri)
+    parent_id = summary["mlflow"]["parent_run_id"]
+    parent = client.get_run(parent_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweeper.kind"] == "sweep"
+    assert parent.data.metrics["best_val_acc"] == best["value"]
+    artifacts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"summary.json", "spec.yaml", "model.torchscript.pt", "spec.json"} <= artifacts
+    runs = children(client, parent_id)
+    assert len(runs) == 3
+    for run in runs:
+        tags = run.data.tags
+        assert tags["sweeper.state"] in ("complete", "pruned")
+        assert {"sweeper.seed", "sweeper.device", "sweeper.plugins", "sweeper.git_rev"} <= set(tags)
+        assert json.loads(tags["sweeper.plugins"])["model.cnn"].startswith("sweeper==")
+        assert run.data.params["model.plugin"] == "cnn"
+        history = client.get_metric_history(run.info.run_id, "val_acc")
+        assert [m.step for m in history] == list(range(1, len(history) + 1)) and history
+    best_run = client.get_run(best["mlflow_run_id"])
+    assert best_run.data.tags["sweeper.trial"] == str(best["number"])
+
+    # TorchScript: loads in a process that never imports sweeper and reproduces the val accuracy
+    from sweeper_plugins.datasets import digits
+
+    data = digits(val_fraction=0.2, seed=0)
+    np.save(workdir / "x.npy", data.val_x.numpy())
+    np.save(workdir / "y.npy", data.val_y.numpy())
+    code = ("import sys, numpy as np, torch, warnings; warnings.simplefilter('ignore');"
+            "m = torch.jit.load('out/model.torchscript.pt');"
+            "x = torch.from_numpy(np.load('x.npy')); y = torch.from_numpy(np.load('y.npy'));"
+            "acc = (m(x).argmax(1) == y).float().mean().item();"
+            "assert not any(k.startswith('sweeper') for k in sys.modules); print(acc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert abs(float(out.stdout) - best["value"]) < 1e-6
+
+
+def test_failing_trials_never_kill_the_sweep(workdir: Path, mlflow_uri: str):
+    spec = write_spec(workdir / "s.yaml", optimizer={"plugin": "sgd", "args": {"lr": 0.1}},
+                      search={"sampler": "grid", "n_trials": 4, "space": {
+                          "model.args.dropout": {"type": "categorical", "choices": [0.0, 1.5]},
+                          "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]}}},
+                      schedule={"plugin": "none"}, tracking={"experiment": "e2e-failures"})
+    sweeper("run", str(spec), "--out", "out", "-q", check=True)
+    trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
+    by_params = {(t["params"]["model.args.dropout"], t["params"]["optimizer.args.lr"]): t for t in trials}
+    assert by_params[(0.0, 0.05)]["state"] == "complete"
+    assert by_params[(0.0, 1.0e12)]["state"] == "failed"
+    assert by_params[(0.0, 1.0e12)]["reason"].startswith("non-finite loss")
+    for lr in (0.05, 1.0e12):  # an exception raised by the model plugin itself
+        assert by_params[(1.5, lr)]["state"] == "failed"
+        assert "dropout probability has to be between 0 and 1" in by_params[(1.5, lr)]["reason"]
+    client = MlflowClient(mlflow_uri)
+    failed = client.get_run(by_params[(0.0, 1.0e12)]["mlflow_run_id"])
+    assert failed.info.status == "FAILED" and failed.data.tags["sweeper.reason"].startswith("non-finite loss")
+    assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
+
+
+def test_rerun_resumes_the_study(workdir: Path):
+    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-resume"})
+    sweeper("run", str(spec), "search.n_trials=2", "--out", "out", "-q", check=True)
+    first = json.loads((workdir / "out" / "summary.json").read_text())
+    proc = sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
+    second = json.loads((workdir / "out" / "summary.json").read_text())
+    assert [t["number"] for t in second["trials"]] == [0, 1, 2]
+    assert [t["params"] for t in second["trials"][:2]] == [t["params"] for t in first["trials"]]
+    assert second["mlflow"]["parent_run_id"] == first["mlflow"]["parent_run_id"]
+    proc = sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
+    assert len(json.loads((workdir / "out" / "summary.json").read_text())["trials"]) == 3  # budget spent
+
+
+def test_trial_of_a_killed_process_is_marked_failed_and_requeued(workdir: Path):
+    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-killed"})
+    slow = ["train.epochs=500", "dataset.args.num_train=4096", "search.n_trials=2"]
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(spec), *slow, "--out", "out", "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    storage = f"sqlite:///{workdir / 'out' / 'optuna.db'}"
+    deadline = time.time() + 120
+    running = None
+    while time.time() < deadline and running is None:
+        time.sleep(0.5)
+        try:
+            trials = optuna.load_study(study_name="smoke", storage=storage).trials
+        except Exception:  # the study is not created yet
+            continue
+        running = next((t for t in trials if t.state.name == "RUNNING" and t.intermediate_values), None)
+    os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up, like a crash or an OOM kill
+    proc.wait()
+    assert running is not None, "the sweep never reached a running trial"
+
+    sweeper("run", str(spec), "train.epochs=2", "search.n_trials=2", "--out", "out", "-q", check=True)
+    trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
+    killed = trials[running.number]
+    assert killed["state"] == "failed" and killed["reason"].startswith("interrupted")
+    retry = trials[running.number + 1]
+    assert retry["params"] == running.params and retry["state"] == "complete"
+    assert sum(t["state"] != "failed" for t in trials) == 2  # the interrupted trial does not eat budget
+
+
+def test_parallel_workers_share_one_study(workdir: Path, mlflow_uri: str):
+    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-parallel"})
+    sweeper("run", str(spec), "search.parallel=2", "search.n_trials=4", "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    assert [t["number"] for t in summary["trials"]] == [0, 1, 2, 3]
+    assert all(t["state"] in ("complete", "pruned") for t in summary["trials"])
+    assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 4
+    # only the best trial's checkpoint is kept
+    assert [p.name for p in (workdir / "out" / "checkpoints").iterdir()] == [f"trial-{summary['best']['number']:05d}.pt"]
+
+
+def test_live_display_shows_the_trials_table(workdir: Path):
+    proc = sweeper("run", str(SPACES / "smoke.yaml"), "search.n_trials=2", "tracking.enabled=false",
+                   "--out", "out", check=True)
+    assert "best so far" in proc.stdout and "best: trial" in proc.stdout
+    assert "trials: 2 complete" in proc.stdout or "pruned" in proc.stdout
