@@ -69,6 +69,34 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
 
 
 @app.command()
+@user_errors
+def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a nested run of a sweep)"),
+           tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
+    """Train a recorded trial again and check every per-epoch metric against its MLflow run."""
+    import os
+
+    from rich.table import Table
+
+    from sweeper.progress import fmt
+    from sweeper.replay import replay as replay_trial
+    from sweeper.tracking import DEFAULT_URI
+
+    out = Console(highlight=False)
+    report = replay_trial(run_id, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+    for warning in report.warnings:
+        out.print(f"[yellow]warning:[/] {warning}")
+    how = "bitwise" if report.tolerance == 0 else f"within relative {report.tolerance:g}"
+    if report.matches:
+        out.print(f"[green]trial {report.number} reproduced[/]: {report.epochs} epoch(s), every metric equal {how}")
+        return
+    table = Table("epoch", "metric", "recorded", "replayed", title=f"trial {report.number}: metrics differ ({how})")
+    for epoch, metric, old, new in report.mismatches[:40]:
+        table.add_row(str(epoch), metric, fmt(old), fmt(new))
+    out.print(table)
+    raise typer.Exit(1)
+
+
+@app.command()
 def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
     """Print the spec's JSON schema (for editor autocompletion)."""
     from sweeper.spec import json_schema

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import os
-import queue
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +12,7 @@ from sweeper import resolve
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker
+from sweeper.workers import InlineExecutor, ProcessPool
 
 PARENT_RUN = "mlflow_parent_run"  # study user attr: {"uri", "run_id"} of the sweep's parent run
 
@@ -56,10 +54,13 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     remaining = None if spec.search.n_trials is None else max(0, spec.search.n_trials - done)
     observer.started(spec, out_dir, done, remaining, requeued)
     if remaining != 0:
-        if spec.search.parallel == 1:
-            backend.run_worker(spec, out_dir, parent, remaining, 0, observer.event)
-        else:
-            _run_parallel(spec, out_dir, parent, remaining, observer)
+        coordinator = backend.Coordinator(spec, out_dir, tracker, parent, observer.event)
+        n = spec.search.parallel
+        executor = InlineExecutor(coordinator.decide) if n == 1 else ProcessPool(n, coordinator.decide)
+        try:
+            coordinator.run(remaining, executor)
+        finally:
+            executor.close()
 
     summary = summarize(spec, study, out_dir, tracker, parent)
     artifacts = [out_dir / "spec.yaml"]
@@ -70,36 +71,6 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     summary_path.write_text(json.dumps(summary, indent=2, default=str))
     tracker.end_sweep(parent, summary, [summary_path, *artifacts])
     return summary
-
-
-def _run_parallel(spec: SweepSpec, out_dir: Path, parent: str | None, remaining: int | None,
-                  observer: Observer) -> None:
-    """``parallel`` worker processes on this machine, sharing the study's storage."""
-    n = spec.search.parallel
-    quotas = [None] * n if remaining is None else [remaining // n + (i < remaining % n) for i in range(n)]
-    ctx = mp.get_context("spawn")  # fork after torch/sqlite initialisation is unsafe
-    events = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(spec.model_dump(), out_dir, parent, q, i, events, n),
-                         daemon=True) for i, q in enumerate(quotas) if q != 0]
-    for p in procs:
-        p.start()
-    while any(p.is_alive() for p in procs) or not events.empty():
-        try:
-            observer.event(events.get(timeout=0.2))
-        except queue.Empty:
-            pass
-    for p in procs:
-        p.join()
-
-
-def _worker_main(spec_dict: dict[str, Any], out_dir: Path, parent: str | None, quota: int | None,
-                 index: int, events: Any, workers: int) -> None:
-    import torch
-
-    from sweeper.backends import optuna as backend
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))  # share the cores, don't oversubscribe
-    backend.run_worker(SweepSpec.model_validate(spec_dict), out_dir, parent, quota, index, events.put)
 
 
 def summarize(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None) -> dict[str, Any]:
@@ -132,7 +103,7 @@ def export_best(spec: SweepSpec, best: dict[str, Any], out_dir: Path) -> list[di
     import torch
 
     best_spec = spec.with_values(best["params"])
-    data = load_data(best_spec, torch.device("cpu"))
+    data, _ = load_data(best_spec, torch.device("cpu"))
     model = build_model(best_spec, data)
     model.load_state_dict(checkpoint.load(Path(best["checkpoint"]))["model"])
     example = data.val_x[: min(64, data.val_x.shape[0])]

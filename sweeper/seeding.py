@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 
-import numpy as np
-import torch
+# cuBLAS reads this when CUDA starts; deterministic GPU matmuls need it (costs ~24 MiB of workspace).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 
 def trial_seed(sweep_seed: int, trial_number: int) -> int:
@@ -19,3 +23,18 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def configure_torch(*, threads: int, deterministic: bool) -> None:
+    """Per-trial torch settings that change numerics: thread count and kernel choice."""
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.benchmark = not deterministic  # benchmark picks kernels by timing
+    torch.backends.cudnn.deterministic = deterministic
+    # TF32 trades mantissa bits for speed on CUDA; deterministic mode keeps full fp32 precision
+    torch.backends.cudnn.allow_tf32 = not deterministic
+    torch.set_float32_matmul_precision("highest" if deterministic else "high")

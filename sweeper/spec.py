@@ -50,6 +50,11 @@ class TrainSpec(_Strict):
     grad_clip: float | None = Field(default=None, gt=0, description="max global L2 norm of the gradients")
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available
+    # torch threads per CPU trial; default: cores / search.batch_size (reproducible) or / parallel.
+    # The count changes float rounding, so it is fixed independently of `parallel`.
+    cpu_threads: int | None = Field(default=None, ge=1)
+    # Deterministic kernels on GPU (slower): deterministic algorithms, no cuDNN benchmark, no TF32.
+    deterministic: bool = False
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSpec:
@@ -72,6 +77,10 @@ class SearchSpec(_Strict):
     n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
     timeout: float | None = Field(default=None, gt=0, description="seconds for this invocation")
     parallel: int = Field(default=1, ge=1, description="worker processes on this machine")
+    # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of
+    # earlier batches only, so the trial table does not depend on `parallel` or timing.
+    reproducible: bool = True
+    batch_size: int = Field(default=4, ge=1, description="trials proposed together (reproducible mode)")
     storage: str | None = Field(default=None, description="Optuna storage URL; default: sqlite in --out")
     space: dict[str, sp.Param] = Field(default_factory=dict)
 
@@ -83,6 +92,9 @@ class SearchSpec(_Strict):
                 raise ValueError(f"'{path}' cannot be searched; paths start with one of "
                                  f"{', '.join(SEARCHABLE_ROOTS)}")
         sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+        if self.reproducible and self.parallel > self.batch_size:
+            raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
+                             f"idle; raise search.batch_size, or set search.reproducible: false")
         if self.sampler == "grid":
             for path, param in self.space.items():
                 sp.grid_values(path, param)

@@ -94,7 +94,8 @@ class Tracker:
         return run_id
 
     def start_trial(self, parent_id: str | None, number: int, seed: int, spec: SweepSpec,
-                    tags: dict[str, str]) -> str | None:
+                    replay: dict[str, Any], tags: dict[str, str]) -> str | None:
+        """A nested run under the sweep's run; ``replay`` (trial.json) is what `sweeper replay` needs."""
         if not self.enabled:
             return None
         from mlflow.entities import RunTag
@@ -104,6 +105,7 @@ class Tracker:
         all_tags = {f"{TAG}trial": str(number), f"{TAG}seed": str(seed), **{f"{TAG}{k}": v for k, v in tags.items()}}
         self._client.log_batch(run.info.run_id, params=_params(flat_params(spec)),
                                tags=[RunTag(k, v) for k, v in all_tags.items()])
+        self._client.log_dict(run.info.run_id, replay, "trial.json")
         return run.info.run_id
 
     def log_epoch(self, run_id: str | None, epoch: int, metrics: dict[str, float]) -> None:
@@ -114,13 +116,16 @@ class Tracker:
         now = int(time.time() * 1000)
         self._client.log_batch(run_id, metrics=[Metric(k, float(v), now, epoch) for k, v in metrics.items()])
 
-    def end_trial(self, run_id: str | None, state: str, reason: str | None, error: str | None = None) -> None:
+    def end_trial(self, run_id: str | None, state: str, reason: str | None, error: str | None = None,
+                  info: dict[str, Any] | None = None) -> None:
         if run_id is None:
             return
         from mlflow.entities import RunTag
 
-        tags = [RunTag(f"{TAG}state", state)] + ([RunTag(f"{TAG}reason", reason[:5000])] if reason else [])
-        self._client.log_batch(run_id, tags=tags)
+        tags = {f"{TAG}state": state, **{f"{TAG}{k}": str(v) for k, v in (info or {}).items()}}
+        if reason:
+            tags[f"{TAG}reason"] = reason[:5000]
+        self._client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         if error:
             self._client.log_text(run_id, error, "error.txt")
         self._client.set_terminated(run_id, status="FAILED" if state == "failed" else "FINISHED")

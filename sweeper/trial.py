@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -37,10 +38,21 @@ class TrainedTrial:
 
 
 # One data set per process, on its device: trials of a sweep share it (same plugin, args, seed).
-_data_cache: dict[str, DataSplits] = {}
+_data_cache: dict[str, tuple[DataSplits, str]] = {}
 
 
-def load_data(spec: SweepSpec, device: torch.device) -> DataSplits:
+def fingerprint(data: DataSplits) -> str:
+    """sha256 over the split tensors (shapes, dtypes, bytes): same value, same data and split."""
+    h = hashlib.sha256()
+    for t in (data.train_x, data.train_y, data.val_x, data.val_y):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
+    """The dataset plugin's splits on ``device``, and their fingerprint."""
     factory = registry.get("datasets", spec.dataset.plugin)
     args = dict(spec.dataset.args)
     if "seed" in (registry.accepted_args(factory) or {"seed": None}):
@@ -48,7 +60,8 @@ def load_data(spec: SweepSpec, device: torch.device) -> DataSplits:
     key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
     if key not in _data_cache:
         _data_cache.clear()
-        _data_cache[key] = factory(**args).to(device)
+        data = factory(**args)
+        _data_cache[key] = (data.to(device), fingerprint(data))
     return _data_cache[key]
 
 
@@ -57,10 +70,14 @@ def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
     return factory(input_shape=data.input_shape, num_classes=data.num_classes, **spec.model.args)
 
 
-def run_trial(config: TrialConfig, report: Report, device: torch.device) -> TrainedTrial:
+def run_trial(config: TrialConfig, report: Report, device: torch.device,
+              info: dict[str, Any] | None = None) -> TrainedTrial:
+    """Seed, build and train; ``info`` (if given) receives the data fingerprint."""
     spec = config.spec
     seed_everything(config.seed)
-    data = load_data(spec, device)
+    data, data_fingerprint = load_data(spec, device)
+    if info is not None:
+        info["data_fingerprint"] = data_fingerprint
     model = build_model(spec, data).to(device)
     optimizer = registry.get("optimizers", spec.optimizer.plugin)(model.parameters(), **spec.optimizer.args)
     scheduler = registry.get("schedules", spec.schedule.plugin)(

@@ -1,14 +1,19 @@
-"""Optuna backend: embedded sqlite storage by default, or many workers on one database.
+"""Optuna backend: one coordinator (this process) asks, prunes and tells; workers only train.
 
-A worker runs ``study.optimize`` with the same objective whether it is the main process
-(``parallel: 1``) or one of several spawned processes; side effects (MLflow, checkpoints)
-happen here, around the trainer, never inside it.
+Reproducible mode (default): trials are proposed in batches of ``search.batch_size`` by a
+sampler re-seeded from (sweep seed, first trial number of the batch), and each trial is pruned
+against the trials of earlier batches only (a "shadow" in-memory study holding them). The
+sampler's input and every pruning decision are then functions of trial numbers and results,
+never of timing, so ``parallel: 1`` and ``parallel: N`` give the same trial table.
+``reproducible: false`` asks a new trial whenever a worker is free and prunes against
+everything reported so far: more throughput, no such guarantee.
 """
 
 from __future__ import annotations
 
 import json
-import traceback
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,22 +21,22 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper import checkpoint, resolve
+from sweeper import resolve
 from sweeper import space as sp
-from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.seeding import trial_seed
+from sweeper.seeding import cpu_cores, trial_seed
 from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker, git_revision
-from sweeper.trainer import resolve_device
-from sweeper.trial import TrialConfig, run_trial
+from sweeper.workers import Outcome, Task
 
 Events = Callable[[dict[str, Any]], None]
-INFO = "sweeper"  # user attr holding seed, reason, run id and per-epoch history
+INFO = "sweeper"  # user attr: seed, reason, run id, per-epoch history, provenance
 INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STATE = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
          TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
+TELL = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
 
-optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are shown in sweeper's own table
+optuna.logging.set_verbosity(optuna.logging.ERROR)  # sweeper shows trials in its own table
 
 
 def storage_url(spec: SweepSpec, out_dir: Path) -> str:
@@ -39,16 +44,23 @@ def storage_url(spec: SweepSpec, out_dir: Path) -> str:
 
 
 def make_storage(url: str) -> optuna.storages.RDBStorage:
-    # sqlite: wait up to 60 s for a lock instead of failing when several workers write at once.
+    # sqlite: wait up to 60 s for a lock rather than fail when another process writes
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+class _Grid(optuna.samplers.GridSampler):
+    """GridSampler without its study.stop(), which only works inside study.optimize; the
+    coordinator caps the budget at the grid's size instead."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
     search = spec.search
     if search.sampler == "grid":
-        grid = {path: sp.grid_values(path, p) for path, p in search.space.items()}
-        return optuna.samplers.GridSampler(grid, seed=seed)
+        return _Grid({path: sp.grid_values(path, p) for path, p in search.space.items()}, seed=seed)
     factories = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
                  "cmaes": optuna.samplers.CmaEsSampler, "gp": optuna.samplers.GPSampler}
     return factories[search.sampler](seed=seed)
@@ -66,24 +78,22 @@ def make_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def open_study(spec: SweepSpec, out_dir: Path, worker_index: int = 0) -> optuna.Study:
-    storage = make_storage(storage_url(spec, out_dir))
-    try:
-        existing = len(storage.get_all_trials(storage.get_study_id_from_name(spec.name), deepcopy=False))
-    except KeyError:  # a new study
-        existing = 0
-    # A fresh sampler seed per worker and per resume: a resumed or parallel sampler must not
-    # replay the random start-up points of the first one.
-    seed = int(np.random.SeedSequence([spec.seed, existing, worker_index]).generate_state(1)[0])
-    return optuna.create_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec, seed),
-                               pruner=make_pruner(spec), direction=spec.objective.direction,
-                               load_if_exists=True)
+def sampler_seed(spec: SweepSpec, first_number: int) -> int:
+    """The sampler's seed for the trials proposed from ``first_number`` on."""
+    return int(np.random.SeedSequence([spec.seed, first_number]).generate_state(1)[0])
+
+
+def open_study(spec: SweepSpec, out_dir: Path) -> optuna.Study:
+    return optuna.create_study(study_name=spec.name, storage=make_storage(storage_url(spec, out_dir)),
+                               sampler=make_sampler(spec, sampler_seed(spec, 0)), pruner=make_pruner(spec),
+                               direction=spec.objective.direction, load_if_exists=True)
 
 
 def recover_interrupted(study: optuna.Study) -> list[int]:
     """Trials left RUNNING by a killed process: mark them failed and queue their params again."""
     numbers = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # FrozenTrial exposes no public id; storage calls need it
         study._storage.set_trial_system_attr(t._trial_id, INTERRUPTED, True)
         study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
         study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
@@ -93,8 +103,7 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
 
 def counted(study: optuna.Study) -> int:
     """Trials that count toward n_trials: finished, excluding those lost to a killed process."""
-    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return sum(1 for t in study.get_trials(deepcopy=False, states=done) if not t.system_attrs.get(INTERRUPTED))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not t.system_attrs.get(INTERRUPTED))
 
 
 def record(t: FrozenTrial) -> dict[str, Any]:
@@ -103,99 +112,142 @@ def record(t: FrozenTrial) -> dict[str, Any]:
     reason = info.get("reason")
     if t.system_attrs.get(INTERRUPTED):
         reason = "interrupted: its process stopped; the same params were queued again"
-    seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
     return {"number": t.number, "state": STATE.get(t.state, t.state.name.lower()), "params": t.params,
             "value": t.value, "seed": info.get("seed"), "reason": reason, "epochs": len(info.get("history", [])),
-            "seconds": seconds, "device": info.get("device"), "mlflow_run_id": info.get("mlflow_run_id"),
-            "history": info.get("history", [])}
+            "seconds": info.get("seconds"), "device": info.get("device"),
+            "mlflow_run_id": info.get("mlflow_run_id"), "history": info.get("history", [])}
 
 
 def checkpoint_path(out_dir: Path, number: int) -> Path:
     return out_dir / "checkpoints" / f"trial-{number:05d}.pt"
 
 
-class Objective:
-    """Optuna objective: one trial, with tracking and checkpointing around the trainer."""
+@dataclass
+class _Live:
+    trial: optuna.Trial  # in the real study
+    task: Task
+    run_id: str | None
+    shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
+    started: float
+
+
+class Coordinator:
+    """Asks trials from the sampler, answers pruning questions, tells results, logs them."""
 
     def __init__(self, spec: SweepSpec, out_dir: Path, tracker: Tracker, parent_run_id: str | None,
-                 worker_index: int, events: Events) -> None:
-        self.spec, self.out_dir, self.tracker, self.parent = spec, out_dir, tracker, parent_run_id
-        self.device = resolve_device(spec.train.device, worker_index)
-        self.events = events
+                 events: Events) -> None:
+        self.spec, self.out_dir, self.tracker, self.parent, self.events = spec, out_dir, tracker, parent_run_id, events
+        self.study = open_study(spec, out_dir)
+        self.live: dict[int, _Live] = {}
+        self.pending: list[Task] = []
+        self.snapshot: list[FrozenTrial] = []  # finished trials before the current batch
         self.git_rev = git_revision() or "unknown"
+        self.sampler_seed = sampler_seed(spec, 0)  # re-seeded per batch in reproducible mode
+        share = spec.search.batch_size if spec.search.reproducible else spec.search.parallel
+        self.threads = spec.train.cpu_threads or max(1, cpu_cores() // share)
 
-    def __call__(self, trial: optuna.Trial) -> float:
-        spec, metric = self.spec, self.spec.objective.metric
-        seed = trial_seed(spec.seed, trial.number)
-        history: list[dict[str, float]] = []
-        info: dict[str, Any] = {"seed": seed, "device": str(self.device), "history": history}
-        state, error, run_id = "failed", None, None
+    def run(self, budget: int | None, executor: Any) -> None:
+        """Run ``budget`` more trials (None: until the timeout) on ``executor``."""
+        deadline = time.monotonic() + self.spec.search.timeout if self.spec.search.timeout else None
+        left = self._grid_cap(budget)
+        while True:
+            open_budget = (left is None or left > 0) and (deadline is None or time.monotonic() < deadline)
+            if self.spec.search.reproducible:
+                if open_budget and not self.live and not self.pending:
+                    size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
+                    self._new_batch(size)
+                    left = None if left is None else left - size
+            elif open_budget and executor.slots > len(self.pending):
+                self.pending.append(self._ask())
+                left = None if left is None else left - 1
+                continue
+            while self.pending and executor.slots:
+                self._start(executor, self.pending.pop(0))
+            if not self.live:
+                return
+            for outcome in executor.results():
+                self._finish(outcome)
 
-        def report(epoch: int, metrics: dict[str, float]) -> None:
-            history.append(metrics)
-            self.tracker.log_epoch(run_id, epoch, metrics)
-            self.events({"event": "epoch", "number": trial.number, "epoch": epoch, "metrics": metrics})
-            trial.report(metrics[metric], epoch)
-            if trial.should_prune():
-                raise TrialPruned(f"pruned at epoch {epoch} by the {spec.search.pruner.type} pruner "
-                                  f"({metric}={metrics[metric]:.4g})")
+    def _grid_cap(self, budget: int | None) -> int | None:
+        if self.spec.search.sampler != "grid":
+            return budget
+        size = int(np.prod([len(sp.grid_values(p, v)) for p, v in self.spec.search.space.items()]))
+        return max(0, min(budget if budget is not None else size, size - counted(self.study)))
 
-        try:
-            values = sp.suggest(spec.search.space, trial)
-            config = TrialConfig(trial.number, seed, values, spec.with_values(values))
-            self.events({"event": "start", "number": trial.number, "params": values})
-            run_id = info["mlflow_run_id"] = self.tracker.start_trial(
-                self.parent, trial.number, seed, config.spec,
-                tags={"device": str(self.device), "git_rev": self.git_rev, "sweep_seed": str(spec.seed),
-                      "plugins": json.dumps(resolve.provenance(config.spec))})
-            trained = run_trial(config, report, self.device)
-            checkpoint.save(checkpoint_path(self.out_dir, trial.number), model=trained.model,
-                            optimizer=trained.optimizer, scheduler=trained.scheduler,
-                            epoch=len(trained.history), extra={"trial": trial.number, "params": values})
-            state = "complete"
-            return trained.history[-1][metric]
-        except TrialPruned as exc:
-            state, info["reason"] = "pruned", str(exc)
-            raise optuna.TrialPruned(str(exc)) from None
-        except Exception as exc:
-            info["reason"] = reason_of(exc)
-            error = traceback.format_exc()
-            raise
-        finally:
-            trial.set_user_attr(INFO, info)
-            self.tracker.end_trial(run_id, state, info.get("reason"), error)
+    def _new_batch(self, size: int) -> None:
+        first = len(self.study.get_trials(deepcopy=False))
+        self.sampler_seed = sampler_seed(self.spec, first)
+        self.study.sampler = make_sampler(self.spec, self.sampler_seed)
+        self.snapshot = self.study.get_trials(deepcopy=True, states=FINISHED)
+        self.pending = [self._ask() for _ in range(size)]
 
+    def _ask(self) -> Task:
+        trial = self.study.ask()
+        values = sp.suggest(self.spec.search.space, trial)
+        seed = trial_seed(self.spec.seed, trial.number)
+        shadow = None
+        if self.spec.search.reproducible:
+            view = optuna.create_study(study_name=self.spec.name, direction=self.spec.objective.direction,
+                                       pruner=make_pruner(self.spec))
+            view.add_trials(self.snapshot)  # numbers 0..b-1, as in the real study
+            shadow = view.ask()
+        task = Task(trial.number, seed, values, self.spec.with_values(values).model_dump(mode="json"),
+                    self.threads, str(checkpoint_path(self.out_dir, trial.number)))
+        self.live[trial.number] = _Live(trial, task, None, shadow, 0.0)
+        return task
 
-def reason_of(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, TrialFailed):
-        return text[:500]
-    return f"{type(exc).__name__}: {text}"[:500]
+    def _start(self, executor: Any, task: Task) -> None:
+        live = self.live[task.number]
+        trial_spec = SweepSpec.model_validate(task.spec)
+        replay = {"number": task.number, "seed": task.seed, "params": task.params, "spec": task.spec,
+                  "threads": task.threads, "sweep_seed": self.spec.seed, "git_rev": self.git_rev,
+                  "sampler_seed": self.sampler_seed,
+                  "plugins": resolve.provenance(trial_spec)}
+        live.run_id = self.tracker.start_trial(self.parent, task.number, task.seed, trial_spec, replay,
+                                               tags={"git_rev": self.git_rev, "sweep_seed": str(self.spec.seed),
+                                                     "plugins": json.dumps(replay["plugins"])})
+        live.started = time.perf_counter()
+        self.events({"event": "start", "number": task.number, "params": task.params})
+        executor.submit(task)
 
+    def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
+        """Record one epoch of a trial; True if the pruner stops it here."""
+        live = self.live[number]
+        value = metrics[self.spec.objective.metric]
+        self.tracker.log_epoch(live.run_id, epoch, metrics)
+        self.events({"event": "epoch", "number": number, "epoch": epoch, "metrics": metrics})
+        live.trial.report(value, epoch)
+        if live.shadow is None:
+            return live.trial.should_prune()
+        live.shadow.report(value, epoch)
+        prune = live.shadow.should_prune()
+        # pruners (ASHA) keep per-trial state in system attrs: carry it to the real trial
+        for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
+            self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val)
+        return prune
 
-def keep_best_checkpoint(out_dir: Path, study: optuna.Study) -> None:
-    """Delete the checkpoints of completed trials that are not the best (from one snapshot of
-    the storage, so concurrent workers never delete the current best)."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not done:
-        return
-    pick = max if study.direction == optuna.study.StudyDirection.MAXIMIZE else min
-    best = pick(done, key=lambda t: t.value)
-    for t in done:
-        if t.number != best.number:
-            checkpoint_path(out_dir, t.number).unlink(missing_ok=True)
+    def _finish(self, outcome: Outcome) -> None:
+        live = self.live.pop(outcome.number)
+        metric = self.spec.objective.metric
+        reason = outcome.reason
+        if outcome.state == "pruned":
+            reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
+                     f"({metric}={outcome.history[-1][metric]:.4g})"
+        info = {"seed": live.task.seed, "reason": reason, "mlflow_run_id": live.run_id,
+                "history": outcome.history, "seconds": time.perf_counter() - live.started, **outcome.info}
+        live.trial.set_user_attr(INFO, info)
+        value = outcome.history[-1][metric] if outcome.state == "complete" else None
+        frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
+        self.tracker.end_trial(live.run_id, outcome.state, reason, outcome.error, outcome.info)
+        if outcome.state == "complete":
+            self._keep_best_checkpoint()
+        self.events({"event": "end", "record": record(frozen)})
 
-
-def run_worker(spec: SweepSpec, out_dir: Path, parent_run_id: str | None, n_trials: int | None,
-               worker_index: int, events: Events) -> None:
-    """Run up to ``n_trials`` trials (None: until the timeout) of the sweep's study."""
-    study = open_study(spec, out_dir, worker_index)
-    objective = Objective(spec, out_dir, Tracker.for_spec(spec), parent_run_id, worker_index, events)
-
-    def finished(study: optuna.Study, trial: FrozenTrial) -> None:
-        if trial.state == TrialState.COMPLETE:
-            keep_best_checkpoint(out_dir, study)
-        events({"event": "end", "record": record(trial)})
-
-    study.optimize(objective, n_trials=n_trials, timeout=spec.search.timeout, catch=(Exception,),
-                   callbacks=[finished], gc_after_trial=False)
+    def _keep_best_checkpoint(self) -> None:
+        """Delete the checkpoints of completed trials that are not the best."""
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        pick = max if self.spec.objective.direction == "maximize" else min
+        best = pick(done, key=lambda t: t.value)
+        for t in done:
+            if t.number != best.number:
+                checkpoint_path(self.out_dir, t.number).unlink(missing_ok=True)

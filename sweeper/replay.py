@@ -1,0 +1,90 @@
+"""Replay one trial from its MLflow run and compare every per-epoch metric with the record."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper import resolve
+from sweeper.errors import UserError
+from sweeper.spec import SweepSpec
+from sweeper.tracking import TAG
+from sweeper.workers import Task, execute
+
+# Wall-clock and memory readings differ run to run by nature; everything else must match.
+UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
+GPU_RTOL = 1e-3  # relative tolerance on CUDA without train.deterministic (kernel choice varies)
+
+
+@dataclass
+class ReplayReport:
+    run_id: str
+    number: int
+    epochs: int
+    tolerance: float  # relative; 0.0 means bitwise
+    mismatches: list[tuple[int, str, float, float]] = field(default_factory=list)  # epoch, metric, recorded, replayed
+    warnings: list[str] = field(default_factory=list)
+    state: str = ""
+
+    @property
+    def matches(self) -> bool:
+        return not self.mismatches
+
+
+def replay(run_id: str, tracking_uri: str) -> ReplayReport:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+        with tempfile.TemporaryDirectory() as tmp:
+            record = json.loads(Path(client.download_artifacts(run_id, "trial.json", tmp)).read_text())
+    except (MlflowException, OSError) as exc:
+        raise UserError(f"run {run_id} at {tracking_uri}: not a sweeper trial run with trial.json "
+                        f"({str(exc).splitlines()[0]}); list trial runs in the MLflow UI") from None
+    tags = run.data.tags
+    spec = SweepSpec.model_validate(record["spec"])
+    history = {key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+               for key in run.data.metrics if key not in UNREPRODUCIBLE}
+    epochs = len(history.get(spec.objective.metric, []))
+    on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
+    report = ReplayReport(run_id, record["number"], epochs, GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0)
+
+    for kind_name, version in resolve.provenance(spec).items():
+        if record["plugins"].get(kind_name) != version:
+            report.warnings.append(f"plugin {kind_name}: recorded {record['plugins'].get(kind_name)}, "
+                                   f"installed {version}")
+    recorded_state = tags.get(f"{TAG}state")
+
+    def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
+        return recorded_state == "pruned" and epoch >= epochs  # stop where the original was stopped
+
+    with tempfile.TemporaryDirectory() as tmp:
+        task = Task(record["number"], record["seed"], record["params"], record["spec"], record["threads"],
+                    str(Path(tmp) / "replay.pt"))
+        outcome = execute(task, decide)
+    report.state = outcome.state
+    if outcome.state == "failed" and recorded_state != "failed":
+        report.warnings.append(f"the replay failed: {outcome.reason}")
+    for key in ("torch", "cuda", "device_name", "data_fingerprint"):
+        old, new = tags.get(f"{TAG}{key}"), outcome.info.get(key)
+        if old is not None and new is not None and str(new) != old:
+            report.warnings.append(f"{key}: recorded {old}, now {new}")
+    for epoch in range(1, max(epochs, len(outcome.history)) + 1):
+        for metric, values in history.items():
+            old = values[epoch - 1] if epoch <= len(values) else math.nan
+            new = outcome.history[epoch - 1].get(metric, math.nan) if epoch <= len(outcome.history) else math.nan
+            if not _same(old, new, report.tolerance):
+                report.mismatches.append((epoch, metric, old, new))
+    return report
+
+
+def _same(a: float, b: float, rtol: float) -> bool:
+    if rtol == 0.0:
+        return a == b
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=rtol * 1e-3)

@@ -1,0 +1,181 @@
+"""Executing trials: in this process, or in a pool of worker processes.
+
+A worker only trains. After every epoch it asks the coordinator (the backend, in the main
+process) whether to go on; tracking and storage writes stay with the coordinator.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from sweeper.errors import TrialFailed, TrialPruned
+
+# decide(number, epoch, metrics) -> True to prune the trial now
+Decide = Callable[[int, int, dict[str, float]], bool]
+
+
+@dataclass(frozen=True)
+class Task:
+    number: int
+    seed: int
+    params: dict[str, Any]
+    spec: dict[str, Any]  # the trial's resolved spec (plain data: it crosses processes)
+    threads: int  # torch CPU threads for this trial
+    checkpoint: str  # where a completed trial's checkpoint goes
+
+
+@dataclass
+class Outcome:
+    number: int
+    state: str  # complete | pruned | failed
+    history: list[dict[str, float]] = field(default_factory=list)
+    reason: str | None = None
+    error: str | None = None  # traceback, for the trial's MLflow run
+    info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions
+
+
+def reason_of(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
+
+
+def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
+    """Run one trial to an Outcome; never raises for a trial's own failure."""
+    import torch
+
+    from sweeper import checkpoint
+    from sweeper.seeding import configure_torch
+    from sweeper.spec import SweepSpec
+    from sweeper.trainer import resolve_device
+    from sweeper.trial import TrialConfig, run_trial
+
+    out = Outcome(task.number, "failed")
+
+    def report(epoch: int, metrics: dict[str, float]) -> None:
+        out.history.append(metrics)
+        if decide(task.number, epoch, metrics):
+            raise TrialPruned(f"pruned at epoch {epoch}")
+
+    try:
+        spec = SweepSpec.model_validate(task.spec)
+        configure_torch(threads=task.threads, deterministic=spec.train.deterministic)
+        device = resolve_device(spec.train.device, worker_index)
+        out.info = {"device": str(device), "device_name": _device_name(device), "threads": task.threads,
+                    "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+        trained = run_trial(TrialConfig(task.number, task.seed, task.params, spec), report, device, out.info)
+        checkpoint.save(Path(task.checkpoint), model=trained.model, optimizer=trained.optimizer,
+                        scheduler=trained.scheduler, epoch=len(trained.history),
+                        extra={"trial": task.number, "params": task.params})
+        out.state = "complete"
+    except TrialPruned as exc:
+        out.state, out.reason = "pruned", str(exc)
+    except Exception as exc:  # a failing trial never kills the sweep
+        out.reason, out.error = reason_of(exc), traceback.format_exc()
+    return out
+
+
+def _device_name(device: Any) -> str:
+    import platform
+
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+
+
+class InlineExecutor:
+    """Runs each submitted trial at once, in this process (parallel: 1)."""
+
+    def __init__(self, decide: Decide) -> None:
+        self.decide = decide
+        self.done: list[Outcome] = []
+        self.busy = 0
+
+    @property
+    def slots(self) -> int:
+        return 1
+
+    def submit(self, task: Task) -> None:
+        self.done.append(execute(task, self.decide))
+
+    def results(self) -> Iterator[Outcome]:
+        while self.done:
+            yield self.done.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
+class ProcessPool:
+    """``n`` spawned worker processes, each running one trial at a time."""
+
+    def __init__(self, n: int, decide: Decide) -> None:
+        ctx = mp.get_context("spawn")  # forking after torch/sqlite have started is unsafe
+        self.decide = decide
+        self.results_q = ctx.Queue()
+        self.tasks_q = [ctx.Queue() for _ in range(n)]
+        self.replies_q = [ctx.Queue() for _ in range(n)]
+        self.procs = [ctx.Process(target=_worker_loop, args=(i, self.tasks_q[i], self.replies_q[i], self.results_q),
+                                  daemon=True) for i in range(n)]
+        for p in self.procs:
+            p.start()
+        self.running: dict[int, Task] = {}  # worker index -> its task
+
+    @property
+    def slots(self) -> int:
+        return len(self.procs) - len(self.running)
+
+    def submit(self, task: Task) -> None:
+        index = next(i for i in range(len(self.procs)) if i not in self.running)
+        self.running[index] = task
+        self.tasks_q[index].put(task)
+
+    def results(self) -> Iterator[Outcome]:
+        """Serve pruning questions until at least one trial has finished; yield the finished."""
+        while self.running:
+            try:
+                kind, index, payload = self.results_q.get(timeout=0.5)
+            except queue.Empty:
+                yield from self._reap_dead()
+                continue
+            if kind == "epoch":
+                number, epoch, metrics = payload
+                self.replies_q[index].put(self.decide(number, epoch, metrics))
+            else:
+                del self.running[index]
+                yield payload
+                return
+
+    def _reap_dead(self) -> Iterator[Outcome]:
+        for index, proc in enumerate(self.procs):
+            if index in self.running and not proc.is_alive():
+                task = self.running.pop(index)
+                yield Outcome(task.number, "failed", reason=f"worker process died (exit code {proc.exitcode})")
+                self._restart(index)
+
+    def _restart(self, index: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.procs[index] = ctx.Process(target=_worker_loop, daemon=True,
+                                        args=(index, self.tasks_q[index], self.replies_q[index], self.results_q))
+        self.procs[index].start()
+
+    def close(self) -> None:
+        for q in self.tasks_q:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+
+
+def _worker_loop(index: int, tasks: Any, replies: Any, results: Any) -> None:
+    def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
+        results.put(("epoch", index, (number, epoch, metrics)))
+        return replies.get()
+
+    while (task := tasks.get()) is not None:
+        results.put(("end", index, execute(task, decide, index)))
