@@ -1,14 +1,18 @@
 """Where the time of a sweep goes: training vs everything else, against a hand-written baseline.
 
-    python benchmarks/overhead.py            # both runs, each in a fresh process and folder
+    python benchmarks/overhead.py        # three runs, each in a fresh process and folder (~2.5 min)
 
-1. ``sweeper run search_spaces/digits.yaml`` (20 trials x 10 epochs, TPE + median pruning, Optuna
-   on sqlite, MLflow on sqlite, checkpoint of the best, TorchScript export + parity check).
-2. The same work written by hand: plain Optuna (in-memory) + PyTorch loop + MLflow fluent API,
-   the same model, optimizer, schedule, data split and budget.
+1. demo: ``sweeper run search_spaces/digits.yaml`` as shipped (20 trials x 10 epochs, TPE +
+   median pruning, 2 worker processes x 1 thread, Optuna and MLflow on sqlite, checkpoint of the
+   best, TorchScript export + parity check).
+2. sequential: the same spec with ``search.parallel=1 train.cpu_threads=2``: one process, two
+   threads, like a hand-written script.
+3. baseline: the same work written by hand (plain Optuna in memory + a PyTorch loop + MLflow's
+   fluent API): the trials of run 2 (same params, same number of epochs each), same model,
+   optimizer, schedule and data split, one process, two threads.
 
-Prints per-trial training time (sum of epoch times) against the rest of each trial, the
-sweep's fixed costs (imports, storage and MLflow set-up, export), and wall-time ratios.
+Prints per-trial training time (sum of epoch times) against the rest of each trial for run 2,
+the fixed costs, and wall-time ratios against the baseline.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "search_spaces" / "digits.yaml"
 
 
-def baseline() -> None:
-    """The hand-written sweep (runs in its own process: `overhead.py --baseline`)."""
+def baseline(plan_path: str) -> None:
+    """Train the planned trials by hand (runs in its own process: `overhead.py --baseline PLAN`)."""
     import mlflow
     import optuna
     import torch
@@ -34,6 +38,8 @@ def baseline() -> None:
 
     from sweeper_plugins.models import cnn
 
+    plan = json.loads(Path(plan_path).read_text())
+    torch.set_num_threads(2)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     mlflow.set_tracking_uri("sqlite:///mlflow.db")
     mlflow.set_experiment("baseline")
@@ -42,14 +48,13 @@ def baseline() -> None:
     y = torch.tensor(y)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     val, train = order[:359], order[359:]
-    mean, std = x[train].mean(), x[train].std()
-    x = (x - mean) / std
-    best = {"acc": 0.0}
+    x = (x - x[train].mean()) / x[train].std()
 
     def objective(trial: optuna.Trial) -> float:
-        lr = trial.suggest_float("lr", 1e-4, 3e-2, log=True)
-        wd = trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True)
-        channels = trial.suggest_categorical("channels", [8, 16, 32])
+        lr = trial.suggest_float("optimizer.args.lr", 1e-4, 3e-2, log=True)
+        wd = trial.suggest_float("optimizer.args.weight_decay", 1e-6, 1e-2, log=True)
+        channels = trial.suggest_categorical("model.args.channels", [8, 16, 32])
+        epochs = plan[trial.number]["epochs"]
         torch.manual_seed(trial.number)
         model = cnn(input_shape=(1, 8, 8), num_classes=10, channels=channels, blocks=2)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
@@ -58,7 +63,7 @@ def baseline() -> None:
         loss_fn = nn.CrossEntropyLoss()
         with mlflow.start_run(nested=True, run_name=f"trial-{trial.number}"):
             mlflow.log_params(trial.params)
-            for epoch in range(1, 11):
+            for epoch in range(1, epochs + 1):
                 model.train()
                 perm = train[torch.randperm(len(train))]
                 for i in range(steps):
@@ -75,48 +80,54 @@ def baseline() -> None:
                     val_loss = loss_fn(out, y[val]).item()
                 mlflow.log_metrics({"val_acc": acc, "val_loss": val_loss}, step=epoch)
                 trial.report(acc, epoch)
-                if trial.should_prune():
-                    raise optuna.TrialPruned()
-        best["acc"] = max(best["acc"], acc)
+        if plan[trial.number]["state"] == "pruned":
+            raise optuna.TrialPruned()
         return acc
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3))
+    for t in plan:
+        study.enqueue_trial(t["params"])
     with mlflow.start_run(run_name="baseline"):
-        study.optimize(objective, n_trials=20)
+        study.optimize(objective, n_trials=len(plan))
     print(json.dumps({"best": study.best_value, "trials": len(study.trials)}))
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+def timed(cmd: list[str], cwd: Path) -> float:
     start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True).stdout
-    return time.perf_counter() - start, out
+    subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True)
+    return time.perf_counter() - start
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        base_wall, base_out = timed([sys.executable, __file__, "--baseline"], Path(b))
-        sweep_wall, _ = timed([sys.executable, "-m", "sweeper", "run", str(SPEC), "--out", "out", "-q"], Path(a))
-        summary = json.loads((Path(a) / "out" / "summary.json").read_text())
-    base = json.loads(base_out.strip().splitlines()[-1])
+    run = [sys.executable, "-m", "sweeper", "run", str(SPEC), "--out", "out", "-q"]
+    with tempfile.TemporaryDirectory() as demo, tempfile.TemporaryDirectory() as seq, \
+            tempfile.TemporaryDirectory() as base:
+        demo_wall = timed(run, Path(demo))
+        demo_best = json.loads((Path(demo) / "out" / "summary.json").read_text())["best"]["value"]
+        seq_wall = timed([*run, "search.parallel=1", "train.cpu_threads=2"], Path(seq))
+        summary = json.loads((Path(seq) / "out" / "summary.json").read_text())
+        plan = Path(base) / "plan.json"
+        plan.write_text(json.dumps([{"params": t["params"], "epochs": t["epochs"], "state": t["state"]}
+                                    for t in summary["trials"]]))
+        base_wall = timed([sys.executable, __file__, "--baseline", str(plan)], Path(base))
 
-    print(f"{'trial':>5} {'state':>9} {'train s':>8} {'other s':>8} {'other/train':>11}")
+    print(f"{'trial':>5} {'state':>9} {'epochs':>6} {'train s':>8} {'other s':>8} {'other/train':>11}")
     train_total = trial_total = 0.0
     for t in summary["trials"]:
         train = sum(h["epoch_seconds"] for h in t["history"])
-        other = (t["seconds"] or 0.0) - train
-        train_total, trial_total = train_total + train, trial_total + (t["seconds"] or 0.0)
-        print(f"{t['number']:>5} {t['state']:>9} {train:8.3f} {other:8.3f} {other / max(train, 1e-9):11.2f}")
-    per_trial_other = trial_total - train_total
-    fixed = sweep_wall - trial_total
-    print(f"\nsweeper: wall {sweep_wall:.1f} s = training {train_total:.1f} s + per-trial overhead "
-          f"{per_trial_other:.1f} s (sampling, storage, MLflow, checkpoints) + fixed {fixed:.1f} s "
-          f"(imports, set-up, summary, export)")
-    print(f"sweeper: everything-else / training = {(sweep_wall - train_total) / train_total:.2f}; "
-          f"best val_acc {summary['best']['value']:.4f}")
-    print(f"baseline (hand-written Optuna + PyTorch + MLflow): wall {base_wall:.1f} s, best val_acc {base['best']:.4f}")
-    print(f"ratio sweeper / baseline wall time: {sweep_wall / base_wall:.2f}")
+        other = t["seconds"] - train
+        train_total, trial_total = train_total + train, trial_total + t["seconds"]
+        print(f"{t['number']:>5} {t['state']:>9} {t['epochs']:>6} {train:8.3f} {other:8.3f} {other / train:11.2f}")
+    print(f"\nsequential sweeper: wall {seq_wall:.1f} s = training {train_total:.1f} s + per-trial overhead "
+          f"{trial_total - train_total:.1f} s (sampling, storage, MLflow, checkpoint) + fixed "
+          f"{seq_wall - trial_total:.1f} s (imports, set-up, summary, export)")
+    print(f"sequential sweeper: everything-else / training = {(seq_wall - train_total) / train_total:.2f}")
+    print(f"baseline (hand-written Optuna + PyTorch + MLflow, same trials and epochs): wall {base_wall:.1f} s")
+    print(f"ratio sequential sweeper / baseline: {seq_wall / base_wall:.2f}")
+    print(f"demo as shipped (parallel 2): wall {demo_wall:.1f} s, best val_acc {demo_best:.4f}; "
+          f"ratio demo / baseline: {demo_wall / base_wall:.2f}")
 
 
 if __name__ == "__main__":
-    baseline() if "--baseline" in sys.argv else main()
+    baseline(sys.argv[2]) if "--baseline" in sys.argv else main()

@@ -54,9 +54,10 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     remaining = None if spec.search.n_trials is None else max(0, spec.search.n_trials - done)
     observer.started(spec, out_dir, done, remaining, requeued)
     if remaining != 0:
-        coordinator = backend.Coordinator(spec, out_dir, tracker, parent, observer.event)
+        coordinator = backend.Coordinator(spec, study, out_dir, tracker, parent, observer.event)
         n = spec.search.parallel
-        executor = InlineExecutor(coordinator.decide) if n == 1 else ProcessPool(n, coordinator.decide)
+        executor = (InlineExecutor(coordinator.decide, coordinator.record) if n == 1
+                    else ProcessPool(n, coordinator.decide, coordinator.record))
         try:
             coordinator.run(remaining, executor)
         finally:

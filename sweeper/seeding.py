@@ -32,7 +32,8 @@ def cpu_cores() -> int:
 def configure_torch(*, threads: int, deterministic: bool) -> None:
     """Per-trial torch settings that change numerics: thread count and kernel choice."""
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the first call costs ~2 s
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = not deterministic  # benchmark picks kernels by timing
     torch.backends.cudnn.deterministic = deterministic
     # TF32 trades mantissa bits for speed on CUDA; deterministic mode keeps full fp32 precision

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any, Callable, Iterator
 
 from sweeper.errors import TrialFailed, TrialPruned
 
-# decide(number, epoch, metrics) -> True to prune the trial now
+# decide(number, epoch, metrics) -> True to prune the trial now (fast: a worker waits for it)
 Decide = Callable[[int, int, dict[str, float]], bool]
+# record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
+Record = Callable[[int, int, dict[str, float]], None]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
     from sweeper.trial import TrialConfig, run_trial
 
     out = Outcome(task.number, "failed")
+    started = time.perf_counter()
 
     def report(epoch: int, metrics: dict[str, float]) -> None:
         out.history.append(metrics)
@@ -76,6 +80,7 @@ def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
         out.state, out.reason = "pruned", str(exc)
     except Exception as exc:  # a failing trial never kills the sweep
         out.reason, out.error = reason_of(exc), traceback.format_exc()
+    out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
     return out
 
 
@@ -90,17 +95,22 @@ def _device_name(device: Any) -> str:
 class InlineExecutor:
     """Runs each submitted trial at once, in this process (parallel: 1)."""
 
-    def __init__(self, decide: Decide) -> None:
-        self.decide = decide
+    def __init__(self, decide: Decide, record: Record) -> None:
+        self.decide, self.record = decide, record
         self.done: list[Outcome] = []
         self.busy = 0
 
     @property
     def slots(self) -> int:
-        return 1
+        return 0 if self.done else 1  # one trial at a time: finish it before starting the next
 
     def submit(self, task: Task) -> None:
-        self.done.append(execute(task, self.decide))
+        def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
+            prune = self.decide(number, epoch, metrics)
+            self.record(number, epoch, metrics)
+            return prune
+
+        self.done.append(execute(task, decide))
 
     def results(self) -> Iterator[Outcome]:
         while self.done:
@@ -113,9 +123,9 @@ class InlineExecutor:
 class ProcessPool:
     """``n`` spawned worker processes, each running one trial at a time."""
 
-    def __init__(self, n: int, decide: Decide) -> None:
+    def __init__(self, n: int, decide: Decide, record: Record) -> None:
         ctx = mp.get_context("spawn")  # forking after torch/sqlite have started is unsafe
-        self.decide = decide
+        self.decide, self.record = decide, record
         self.results_q = ctx.Queue()
         self.tasks_q = [ctx.Queue() for _ in range(n)]
         self.replies_q = [ctx.Queue() for _ in range(n)]
@@ -145,6 +155,7 @@ class ProcessPool:
             if kind == "epoch":
                 number, epoch, metrics = payload
                 self.replies_q[index].put(self.decide(number, epoch, metrics))
+                self.record(number, epoch, metrics)
             else:
                 del self.running[index]
                 yield payload

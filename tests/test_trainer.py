@@ -91,3 +91,22 @@ def test_bf16_autocast_runs_on_cpu():
     cfg = config("train.device=cpu", "train.precision=bf16")
     trained = run_trial(cfg, lambda e, m: None, CPU)  # bf16 autocast works on CPU
     assert trained.history[-1]["val_acc"] > 0
+
+
+def test_deterministic_mode_switches_torch_to_deterministic_kernels():
+    import os
+
+    from sweeper.seeding import configure_torch
+
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # set on import, before CUDA starts
+    try:
+        configure_torch(threads=1, deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+        assert torch.get_num_threads() == 1
+        deterministic = run_trial(config("train.deterministic=true"), lambda e, m: None, CPU)
+    finally:
+        configure_torch(threads=2, deterministic=False)
+    assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+    assert deterministic.history[-1]["val_acc"] > 0.5

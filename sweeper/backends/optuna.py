@@ -128,16 +128,15 @@ class _Live:
     task: Task
     run_id: str | None
     shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
-    started: float
 
 
 class Coordinator:
     """Asks trials from the sampler, answers pruning questions, tells results, logs them."""
 
-    def __init__(self, spec: SweepSpec, out_dir: Path, tracker: Tracker, parent_run_id: str | None,
-                 events: Events) -> None:
+    def __init__(self, spec: SweepSpec, study: optuna.Study, out_dir: Path, tracker: Tracker,
+                 parent_run_id: str | None, events: Events) -> None:
         self.spec, self.out_dir, self.tracker, self.parent, self.events = spec, out_dir, tracker, parent_run_id, events
-        self.study = open_study(spec, out_dir)
+        self.study = study
         self.live: dict[int, _Live] = {}
         self.pending: list[Task] = []
         self.snapshot: list[FrozenTrial] = []  # finished trials before the current batch
@@ -193,7 +192,7 @@ class Coordinator:
             shadow = view.ask()
         task = Task(trial.number, seed, values, self.spec.with_values(values).model_dump(mode="json"),
                     self.threads, str(checkpoint_path(self.out_dir, trial.number)))
-        self.live[trial.number] = _Live(trial, task, None, shadow, 0.0)
+        self.live[trial.number] = _Live(trial, task, None, shadow)
         return task
 
     def _start(self, executor: Any, task: Task) -> None:
@@ -206,25 +205,32 @@ class Coordinator:
         live.run_id = self.tracker.start_trial(self.parent, task.number, task.seed, trial_spec, replay,
                                                tags={"git_rev": self.git_rev, "sweep_seed": str(self.spec.seed),
                                                      "plugins": json.dumps(replay["plugins"])})
-        live.started = time.perf_counter()
         self.events({"event": "start", "number": task.number, "params": task.params})
         executor.submit(task)
 
     def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
-        """Record one epoch of a trial; True if the pruner stops it here."""
+        """True if the pruner stops this trial after this epoch. Reproducible mode asks the
+        in-memory shadow study only, so a waiting worker gets its answer at once."""
         live = self.live[number]
         value = metrics[self.spec.objective.metric]
-        self.tracker.log_epoch(live.run_id, epoch, metrics)
-        self.events({"event": "epoch", "number": number, "epoch": epoch, "metrics": metrics})
-        live.trial.report(value, epoch)
-        if live.shadow is None:
+        if live.shadow is None:  # the live study decides: it must hold this epoch first
+            live.trial.report(value, epoch)
             return live.trial.should_prune()
         live.shadow.report(value, epoch)
-        prune = live.shadow.should_prune()
-        # pruners (ASHA) keep per-trial state in system attrs: carry it to the real trial
+        return live.shadow.should_prune()
+
+    def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
+        """The slow part of an epoch (storage, MLflow, display), done after the worker has its answer."""
+        live = self.live[number]
+        self.tracker.log_epoch(live.run_id, epoch, metrics)
+        self.events({"event": "epoch", "number": number, "epoch": epoch, "metrics": metrics})
+        if live.shadow is None:
+            return
+        live.trial.report(metrics[self.spec.objective.metric], epoch)
+        # pruners (ASHA) keep per-trial state in system attrs: carry new values to the real trial
         for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
-            self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val)
-        return prune
+            if live.trial.system_attrs.get(key) != val:
+                self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val)
 
     def _finish(self, outcome: Outcome) -> None:
         live = self.live.pop(outcome.number)
@@ -234,7 +240,7 @@ class Coordinator:
             reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
                      f"({metric}={outcome.history[-1][metric]:.4g})"
         info = {"seed": live.task.seed, "reason": reason, "mlflow_run_id": live.run_id,
-                "history": outcome.history, "seconds": time.perf_counter() - live.started, **outcome.info}
+                "history": outcome.history, **outcome.info}
         live.trial.set_user_attr(INFO, info)
         value = outcome.history[-1][metric] if outcome.state == "complete" else None
         frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
