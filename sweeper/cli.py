@@ -68,6 +68,27 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in resolve.provenance(sweep).items())}")
 
 
+@app.command("lr-find")
+@user_errors
+def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
+            out: Optional[Path] = typer.Option(None, "--out", help="folder for the plot [default: runs/<name>]")) -> None:
+    """Run the LR range test alone on the spec's base config; print the suggestion and the plot."""
+    from sweeper import resolve, runner, spec as spec_mod, warm_start
+    from sweeper.lr_finder import plot
+    from sweeper.seeding import configure_torch, threads_per_trial
+    from sweeper.trainer import resolve_device
+
+    sweep = spec_mod.load(spec, overrides or [])
+    resolve.check_plugins(sweep)
+    configure_torch(threads=threads_per_trial(sweep), deterministic=sweep.train.deterministic)
+    result = warm_start.find(sweep, {}, resolve_device(sweep.train.device))
+    path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
+    lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
+    found = f"{result.suggestion:.4g}" if result.suggestion is not None else "none (no reliable signal)"
+    typer.echo(f"suggested lr: {found}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
+               f"(stopped: {result.stopped})\nplot: {path}")
+
+
 @app.command()
 @user_errors
 def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a nested run of a sweep)"),

@@ -63,6 +63,9 @@ class RichObserver:
         self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
     def _view(self) -> Group:
         metric = self.spec.objective.metric
         recent = sorted(self.records, key=lambda r: r["number"])[-SHOWN_ROWS:]
@@ -120,6 +123,9 @@ class QuietObserver:
         pass
 
     def event(self, event: dict[str, Any]) -> None:
+        pass
+
+    def note(self, text: str) -> None:
         pass
 
     def finish(self, summary: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ class Observer(Protocol):
     def started(self, spec: SweepSpec, out_dir: Path, done: int, remaining: int | None,
                 requeued: list[int]) -> None: ...
     def event(self, event: dict[str, Any]) -> None: ...
+    def note(self, text: str) -> None: ...
 
 
 def default_out_dir(spec: SweepSpec) -> Path:
@@ -53,6 +54,10 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     done = backend.counted(study)
     remaining = None if spec.search.n_trials is None else max(0, spec.search.n_trials - done)
     observer.started(spec, out_dir, done, remaining, requeued)
+    warm = None
+    if spec.search.lr_finder.enabled:
+        spec, warm = _warm_start(spec, study, out_dir, tracker, parent)
+        observer.note(warm.note)
     if remaining != 0:
         coordinator = backend.Coordinator(spec, study, out_dir, tracker, parent, observer.event)
         n = spec.search.parallel
@@ -64,6 +69,11 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
             executor.close()
 
     summary = summarize(spec, study, out_dir, tracker, parent)
+    if warm is not None:
+        summary["lr_finder"] = {"note": warm.note, "policy": spec.search.lr_finder.policy,
+                                "findings": [{"config": f.config, "suggestion": f.result.suggestion,
+                                              "steps": f.result.steps, "seconds": f.result.seconds,
+                                              "plot": str(f.plot)} for f in warm.findings]}
     artifacts = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
         summary["export"] = export_best(spec, summary["best"], out_dir)
@@ -72,6 +82,21 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     summary_path.write_text(json.dumps(summary, indent=2, default=str))
     tracker.end_sweep(parent, summary, [summary_path, *artifacts])
     return summary
+
+
+def _warm_start(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None):
+    """LR range tests before the search (cached in out_dir); returns the spec to search with."""
+    from sweeper import warm_start
+    from sweeper.seeding import configure_torch, threads_per_trial
+    from sweeper.trainer import resolve_device
+
+    configure_torch(threads=threads_per_trial(spec), deterministic=spec.train.deterministic)
+    warm = warm_start.prepare(spec, out_dir, resolve_device(spec.train.device))
+    if not study.get_trials(deepcopy=False):  # a resumed sweep has enqueued them already
+        for params in warm.enqueue:
+            study.enqueue_trial(params)
+    tracker.log_lr_finder(parent, warm, out_dir / warm_start.CACHE)
+    return warm.spec, warm
 
 
 def summarize(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None) -> dict[str, Any]:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import random
+from typing import TYPE_CHECKING
 
 # cuBLAS reads this when CUDA starts; deterministic GPU matmuls need it (costs ~24 MiB of workspace).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+if TYPE_CHECKING:
+    from sweeper.spec import SweepSpec
 
 
 def trial_seed(sweep_seed: int, trial_number: int) -> int:
@@ -27,6 +31,13 @@ def seed_everything(seed: int) -> None:
 
 def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_trial(spec: SweepSpec) -> int:
+    """torch CPU threads for each trial: fixed by the spec, not by `parallel` in reproducible
+    mode, because the thread count changes float rounding."""
+    share = spec.search.batch_size if spec.search.reproducible else spec.search.parallel
+    return spec.train.cpu_threads or max(1, cpu_cores() // share)
 
 
 def configure_torch(*, threads: int, deterministic: bool) -> None:

@@ -133,6 +133,9 @@ def set_path(tree: dict[str, Any], path: str, value: Any) -> None:
     parts = path.split(".")
     node, walked = tree, []
     while len(parts) > 1:
+        if ".".join(parts) in node:  # the rest of the path is itself a key (a search-space key)
+            node[".".join(parts)] = value
+            return
         n = next((n for n in range(len(parts) - 1, 0, -1) if ".".join(parts[:n]) in node), 1)
         key = ".".join(parts[:n])
         walked.append(key)

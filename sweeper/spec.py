@@ -70,6 +70,18 @@ class PrunerSpec(_Strict):
     startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
 
 
+class LRFinderSpec(_Strict):
+    """LR range test before the search, to warm-start it (see sweeper/warm_start.py)."""
+
+    enabled: bool = False
+    steps: int = Field(default=100, ge=10, description="optimizer steps of each range test (its cost)")
+    min_lr: float | None = Field(default=None, gt=0, description="default: low of optimizer.args.lr's range")
+    max_lr: float | None = Field(default=None, gt=0, description="default: high of optimizer.args.lr's range")
+    # enqueue: first trial at the suggestion; narrow: LR range [s/factor, s*factor]; both: both
+    policy: Literal["enqueue", "narrow", "both"] = "both"
+    factor: float = Field(default=10.0, gt=1.0)
+
+
 class SearchSpec(_Strict):
     backend: Literal["optuna"] = "optuna"
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
@@ -82,6 +94,7 @@ class SearchSpec(_Strict):
     reproducible: bool = True
     batch_size: int = Field(default=4, ge=1, description="trials proposed together (reproducible mode)")
     storage: str | None = Field(default=None, description="Optuna storage URL; default: sqlite in --out")
+    lr_finder: LRFinderSpec = LRFinderSpec()
     space: dict[str, sp.Param] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -92,6 +105,9 @@ class SearchSpec(_Strict):
                 raise ValueError(f"'{path}' cannot be searched; paths start with one of "
                                  f"{', '.join(SEARCHABLE_ROOTS)}")
         sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+        lr = self.space.get("optimizer.args.lr")
+        if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam):
+            raise ValueError("lr_finder needs optimizer.args.lr in search.space as a float parameter")
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
                              f"idle; raise search.batch_size, or set search.reproducible: false")

@@ -130,6 +130,19 @@ class Tracker:
             self._client.log_text(run_id, error, "error.txt")
         self._client.set_terminated(run_id, status="FAILED" if state == "failed" else "FINISHED")
 
+    def log_lr_finder(self, run_id: str | None, warm: Any, cache: Path) -> None:
+        """The range tests on the sweep's run: curves as images, suggestions and policy as params."""
+        if run_id is None:
+            return
+        from mlflow.entities import RunTag
+
+        params = {"lr_finder.policy": warm.spec.search.lr_finder.policy}
+        params.update({f"lr_finder.suggestion.{i}": str(f.result.suggestion) for i, f in enumerate(warm.findings)})
+        self._client.log_batch(run_id, params=_params(params), tags=[RunTag(f"{TAG}lr_finder", warm.note[:5000])])
+        for f in warm.findings:
+            self._client.log_artifact(run_id, str(f.plot), "lr_finder")
+        self._client.log_artifact(run_id, str(cache), "lr_finder")
+
     def end_sweep(self, run_id: str | None, summary: dict[str, Any], artifacts: list[Path]) -> None:
         if run_id is None:
             return

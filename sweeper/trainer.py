@@ -40,18 +40,55 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return torch.bfloat16
 
 
+class Stepper:
+    """One optimizer step over a batch of indices: micro-batches (accumulation), autocast,
+    loss scaling, clipping. Shared by training and the LR range test."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits,
+                 train: TrainSpec, seed: int) -> None:
+        self.model, self.optimizer, self.data, self.train = model, optimizer, data, train
+        self.device = data.train_x.device
+        self.dtype = amp_dtype(self.device, train.precision)
+        # fp16 needs loss scaling to keep small gradients; bf16 has fp32's range and does not.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype is torch.float16)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=train.label_smoothing)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.augment_gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # augmentation draws
+
+    def step(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(summed loss, correct predictions, pre-clipping gradient norm), all on the device."""
+        data, train = self.data, self.train
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.int64)
+        self.optimizer.zero_grad(set_to_none=True)
+        for micro in batch.tensor_split(train.accumulate):  # accumulate: same math, less memory
+            x, y = data.train_x[micro], data.train_y[micro]
+            if data.train_transform is not None:
+                x = data.train_transform(x, self.augment_gen)
+            with _autocast(self.device, self.dtype):
+                out = self.model(x)
+                loss = self.criterion(out, y)
+            # weight each micro-batch by its share so the sum is the full batch's mean loss
+            self.scaler.scale(loss * (len(micro) / len(batch))).backward()
+            loss_sum += loss.detach().float() * len(micro)
+            correct += (out.argmax(1) == y).sum()
+        self.scaler.unscale_(self.optimizer)
+        if train.grad_clip is not None:
+            norm = nn.utils.clip_grad_norm_(self.params, train.grad_clip)
+        else:
+            norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss_sum, correct, norm
+
+
 def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data: DataSplits,
         train: TrainSpec, *, seed: int, report: Report) -> list[dict[str, float]]:
     """Train for ``train.epochs`` epochs; returns the per-epoch metrics (also sent to ``report``)."""
-    device = data.train_x.device
-    dtype = amp_dtype(device, train.precision)
-    # fp16 needs loss scaling to keep small gradients; bf16 has fp32's range and does not.
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
-    criterion = nn.CrossEntropyLoss(label_smoothing=train.label_smoothing)
+    stepper = Stepper(model, optimizer, data, train, seed)
+    device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-    params = [p for p in model.parameters() if p.requires_grad]
     order_gen = torch.Generator().manual_seed(seed)  # batch order
-    augment_gen = torch.Generator(device=device).manual_seed(seed + 1)  # augmentation draws
     history: list[dict[str, float]] = []
 
     for epoch in range(1, train.epochs + 1):
@@ -64,27 +101,11 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         norm_sum = torch.zeros((), device=device)
         seen = steps = 0
         for batch in train_batches(data, train.batch_size, order_gen):
-            optimizer.zero_grad(set_to_none=True)
-            for micro in batch.tensor_split(train.accumulate):  # accumulate: same math, less memory
-                x, y = data.train_x[micro], data.train_y[micro]
-                if data.train_transform is not None:
-                    x = data.train_transform(x, augment_gen)
-                with _autocast(device, dtype):
-                    out = model(x)
-                    loss = criterion(out, y)
-                # weight each micro-batch by its share so the sum is the full batch's mean loss
-                scaler.scale(loss * (len(micro) / len(batch))).backward()
-                loss_sum += loss.detach().float() * len(micro)
-                correct += (out.argmax(1) == y).sum()
-            scaler.unscale_(optimizer)
-            if train.grad_clip is not None:
-                norm = nn.utils.clip_grad_norm_(params, train.grad_clip)
-            else:
-                norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            scaler.step(optimizer)
-            scaler.update()
+            batch_loss, batch_correct, norm = stepper.step(batch)
             if scheduler is not None and not per_epoch_scheduler:
                 scheduler.step()
+            loss_sum += batch_loss
+            correct += batch_correct
             norm_sum += norm.float()
             seen += len(batch)
             steps += 1
@@ -93,7 +114,7 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        val_loss, val_acc = evaluate(model, data, train.eval_batch_size, dtype)
+        val_loss, val_acc = evaluate(model, data, train.eval_batch_size, stepper.dtype)
         if per_epoch_scheduler:
             scheduler.step(val_loss)
         seconds = time.perf_counter() - start

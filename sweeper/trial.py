@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -70,18 +70,39 @@ def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
     return factory(input_shape=data.input_shape, num_classes=data.num_classes, **spec.model.args)
 
 
-def run_trial(config: TrialConfig, report: Report, device: torch.device,
-              info: dict[str, Any] | None = None) -> TrainedTrial:
-    """Seed, build and train; ``info`` (if given) receives the data fingerprint."""
+@dataclass(frozen=True, eq=False)
+class TrialParts:
+    """A trial's built pieces, before training."""
+
+    data: DataSplits
+    data_fingerprint: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+
+def build(config: TrialConfig, device: torch.device) -> TrialParts:
+    """Seed every RNG, then build dataset, model, optimizer and schedule from the plugins."""
     spec = config.spec
     seed_everything(config.seed)
     data, data_fingerprint = load_data(spec, device)
-    if info is not None:
-        info["data_fingerprint"] = data_fingerprint
     model = build_model(spec, data).to(device)
     optimizer = registry.get("optimizers", spec.optimizer.plugin)(model.parameters(), **spec.optimizer.args)
     scheduler = registry.get("schedules", spec.schedule.plugin)(
         optimizer, epochs=spec.train.epochs, steps_per_epoch=steps_per_epoch(data, spec.train.batch_size),
         **spec.schedule.args)
-    history = fit(model, optimizer, scheduler, data, spec.train, seed=config.seed, report=report)
-    return TrainedTrial(history, model, optimizer, scheduler, data)
+    return TrialParts(data, data_fingerprint, model, optimizer, scheduler)
+
+
+def run_trial(config: TrialConfig, report: Report, device: torch.device, info: dict[str, Any] | None = None,
+              before_fit: Callable[[TrialParts], None] | None = None) -> TrainedTrial:
+    """Build and train; ``info`` (if given) receives the data fingerprint; ``before_fit`` runs on
+    the built parts just before training (e.g. an LR range test)."""
+    parts = build(config, device)
+    if info is not None:
+        info["data_fingerprint"] = parts.data_fingerprint
+    if before_fit is not None:
+        before_fit(parts)
+    history = fit(parts.model, parts.optimizer, parts.scheduler, parts.data, config.spec.train,
+                  seed=config.seed, report=report)
+    return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)

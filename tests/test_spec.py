@@ -31,10 +31,12 @@ def test_shipped_specs_validate():
 def test_overrides_set_nested_fields_and_space_keys():
     spec = spec_mod.load(SPACES / "smoke.yaml", ["train.epochs=7", "search.n_trials=2",
                                                   "search.space.optimizer.args.lr.high=0.5",
-                                                  "model.args={hidden: 8}"])
+                                                  "model.args={hidden: 8}",
+                                                  "search.space.model.args.hidden={type: int, low: 4, high: 9}"])
     assert spec.train.epochs == 7 and spec.search.n_trials == 2
     assert spec.search.space["optimizer.args.lr"].high == 0.5
     assert spec.model.args == {"hidden": 8}
+    assert spec.search.space["model.args.hidden"].high == 9  # an existing space key replaced whole
 
 
 def test_scientific_notation_is_a_float(tmp_path: Path):

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import resolve
 from sweeper import space as sp
-from sweeper.seeding import cpu_cores, trial_seed
+from sweeper.seeding import threads_per_trial, trial_seed
 from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker, git_revision
 from sweeper.workers import Outcome, Task
@@ -142,8 +142,7 @@ class Coordinator:
         self.snapshot: list[FrozenTrial] = []  # finished trials before the current batch
         self.git_rev = git_revision() or "unknown"
         self.sampler_seed = sampler_seed(spec, 0)  # re-seeded per batch in reproducible mode
-        share = spec.search.batch_size if spec.search.reproducible else spec.search.parallel
-        self.threads = spec.train.cpu_threads or max(1, cpu_cores() // share)
+        self.threads = threads_per_trial(spec)
 
     def run(self, budget: int | None, executor: Any) -> None:
         """Run ``budget`` more trials (None: until the timeout) on ``executor``."""

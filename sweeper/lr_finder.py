@@ -1,0 +1,139 @@
+"""Learning-rate range test (Smith 2017): raise the LR exponentially over a bounded number of
+steps, smooth the loss, stop when it diverges, suggest the LR of steepest descent.
+
+The model, optimizer and every RNG are restored afterwards: the trial that follows is the
+same as if the test never ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from sweeper.data import train_batches
+from sweeper.plugin import DataSplits
+from sweeper.spec import TrainSpec
+from sweeper.trainer import Stepper
+
+SMOOTHING = 0.98  # weight of the running average of the loss (bias-corrected)
+DIVERGE = 4.0  # stop once the smoothed loss exceeds this multiple of its best value
+MIN_DROP = 0.05  # a curve whose loss never falls 5% below its start gives no signal
+
+
+@dataclass(frozen=True)
+class RangeTest:
+    lrs: list[float]
+    losses: list[float]  # smoothed, bias-corrected
+    suggestion: float | None  # None: the curve gives no reliable signal
+    steps: int  # optimizer steps taken (the cost)
+    seconds: float
+    stopped: str  # why it ended: "max_lr" | "diverged" | "non-finite"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def range_test(model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits, train: TrainSpec, *,
+               min_lr: float, max_lr: float, steps: int = 100, seed: int = 0) -> RangeTest:
+    """Run the test with the trial's own loop (accumulation, AMP, clipping), then restore state."""
+    saved = _snapshot(model, optimizer)
+    start = time.perf_counter()
+    stepper = Stepper(model, optimizer, data, train, seed)
+    order = torch.Generator().manual_seed(seed)
+    lrs: list[float] = []
+    losses: list[float] = []
+    avg, best, stopped = 0.0, math.inf, "max_lr"
+    try:
+        model.train()
+        batches = _forever(data, train.batch_size, order)
+        for i in range(steps):
+            lr = min_lr * (max_lr / min_lr) ** (i / max(1, steps - 1))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum, _, _ = stepper.step(next(batches))
+            loss = loss_sum.item() / train.batch_size
+            if not math.isfinite(loss):
+                stopped = "non-finite"
+                break
+            avg = SMOOTHING * avg + (1 - SMOOTHING) * loss
+            smoothed = avg / (1 - SMOOTHING ** (i + 1))
+            lrs.append(lr)
+            losses.append(smoothed)
+            best = min(best, smoothed)
+            if smoothed > DIVERGE * best:
+                stopped = "diverged"
+                break
+    finally:
+        _restore(model, optimizer, saved)
+    return RangeTest(lrs, losses, suggest(lrs, losses), len(lrs), time.perf_counter() - start, stopped)
+
+
+def suggest(lrs: list[float], losses: list[float]) -> float | None:
+    """The LR where the smoothed loss falls fastest per decade of LR, skipping the first and
+    last points (warm-up noise, divergence); None without a clear descent."""
+    if len(losses) < 10:
+        return None
+    loss = np.asarray(losses)
+    if loss.min() > (1 - MIN_DROP) * loss[0]:
+        return None
+    slope = np.gradient(loss, np.log10(lrs))
+    skip_start, skip_end = max(1, len(loss) // 10), max(1, len(loss) // 20)
+    window = slope[skip_start:len(loss) - skip_end]
+    i = int(np.argmin(window))
+    return float(lrs[skip_start + i]) if window[i] < 0 else None
+
+
+def plot(result: RangeTest, path: Path, title: str = "") -> Path:
+    """lr (log scale) vs smoothed loss, the suggestion marked; a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(result.lrs, result.losses)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss (smoothed)")
+    if result.suggestion is not None:
+        ax.axvline(result.suggestion, color="red", linestyle="--", label=f"suggestion {result.suggestion:.3g}")
+        ax.legend()
+    ax.set_title(title or f"LR range test ({result.steps} steps, stopped: {result.stopped})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _forever(data: DataSplits, batch_size: int, generator: torch.Generator):
+    while True:
+        yield from train_batches(data, batch_size, generator)
+
+
+def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "training": model.training, "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "random": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+
+
+def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    optimizer.zero_grad(set_to_none=True)
+    model.train(saved["training"])
+    torch.set_rng_state(saved["torch"])
+    np.random.set_state(saved["numpy"])
+    random.setstate(saved["random"])
+    if saved["cuda"] is not None:
+        torch.cuda.set_rng_state_all(saved["cuda"])

@@ -1,0 +1,119 @@
+"""Warm-start a sweep from LR range tests: one per distinct (dataset, model, optimizer, batch
+size) configuration the space can produce, cached in the output folder.
+
+Policies: ``enqueue`` puts a first trial at each suggestion (other searched params at their
+base values), ``narrow`` shrinks optimizer.args.lr's range to [s/factor, s*factor] (the
+envelope over configurations, clipped to the declared range); ``both`` does both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper import space as sp
+from sweeper.lr_finder import RangeTest, plot, range_test
+from sweeper.spec import SweepSpec
+
+LR = "optimizer.args.lr"
+CONFIG_ROOTS = ("dataset.", "model.", "optimizer.plugin", "train.batch_size")
+MAX_CONFIGS = 8  # more distinct configurations than this: one test of the base config instead
+CACHE = "lr_finder.json"
+
+
+@dataclass(frozen=True)
+class Finding:
+    config: dict[str, Any]  # the categorical values that define this configuration
+    result: RangeTest
+    plot: Path
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    spec: SweepSpec  # with the narrowed LR range, when narrowed
+    enqueue: list[dict[str, Any]]  # params of trials to run first
+    findings: list[Finding]
+    note: str  # one line for the user
+
+
+def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Each combination of the unconditional categorical params that change what is trained."""
+    dims = {path: p.choices for path, p in spec.search.space.items()
+            if isinstance(p, sp.CategoricalParam) and not p.when and path.startswith(CONFIG_ROOTS)}
+    combos = [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
+    return combos if len(combos) <= MAX_CONFIGS else [{}]
+
+
+def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
+    """One range test of ``spec`` with ``config`` applied, seeded by the sweep seed."""
+    from sweeper.trial import TrialConfig, build
+
+    lr_param = spec.search.space.get(LR)
+    settings = spec.search.lr_finder
+    low = settings.min_lr or (lr_param.low if lr_param else 1e-7)
+    high = settings.max_lr or (lr_param.high if lr_param else 10.0)
+    parts = build(TrialConfig(-1, spec.seed, config, spec.with_values(config)), device)
+    return range_test(parts.model, parts.optimizer, parts.data, spec.with_values(config).train,
+                      min_lr=low, max_lr=high, steps=settings.steps, seed=spec.seed)
+
+
+def prepare(spec: SweepSpec, out_dir: Path, device: Any) -> WarmStart:
+    """Run (or read from the cache) the range tests and apply the policy."""
+    cache_path = out_dir / CACHE
+    key = json.dumps({"settings": spec.search.lr_finder.model_dump(), "seed": spec.seed,
+                      "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
+                      "lr": spec.search.space[LR].model_dump()}, sort_keys=True, default=str)
+    cached = json.loads(cache_path.read_text()).get(key, {}) if cache_path.exists() else {}
+    findings = []
+    for i, config in enumerate(configurations(spec)):
+        entry = cached.get(json.dumps(config, sort_keys=True))
+        result = RangeTest(**entry) if entry else find(spec, config, device)
+        label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
+        findings.append(Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}")))
+    fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
+    if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
+        cache_path.write_text(json.dumps({key: fresh}, indent=1))
+    return apply_policy(spec, findings)
+
+
+def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:
+    settings, declared = spec.search.lr_finder, spec.search.space[LR]
+    useful = [f for f in findings if f.result.suggestion is not None]
+    if not useful:
+        return WarmStart(spec, [], findings, "LR finder: no reliable suggestion; the declared LR range is kept")
+    clip = lambda lr: min(max(lr, declared.low), declared.high)  # noqa: E731
+    enqueue = []
+    if settings.policy in ("enqueue", "both"):
+        base = base_values(spec)
+        enqueue = [{**base, **f.config, LR: clip(f.result.suggestion)} for f in useful]
+    narrowed = spec
+    if settings.policy in ("narrow", "both"):
+        low = clip(min(f.result.suggestion for f in useful) / settings.factor)
+        high = clip(max(f.result.suggestion for f in useful) * settings.factor)
+        space = {**spec.search.space, LR: declared.model_copy(update={"low": low, "high": high})}
+        narrowed = spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})})
+    suggestions = ", ".join(f"{f.result.suggestion:.3g}" for f in useful)
+    range_note = f"; LR range narrowed to [{narrowed.search.space[LR].low:.3g}, " \
+                 f"{narrowed.search.space[LR].high:.3g}]" if narrowed is not spec else ""
+    note = f"LR finder: suggestion {suggestions} ({sum(f.result.steps for f in findings)} steps, " \
+           f"{sum(f.result.seconds for f in findings):.1f} s); {len(enqueue)} trial(s) enqueued{range_note}"
+    return WarmStart(narrowed, enqueue, findings, note)
+
+
+def base_values(spec: SweepSpec) -> dict[str, Any]:
+    """The spec's own value for each searched param, where it has one inside the param's range."""
+    tree = spec.model_dump()
+    out = {}
+    for path, param in spec.search.space.items():
+        node: Any = tree
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or param.when:
+            continue
+        inside = node in param.choices if isinstance(param, sp.CategoricalParam) else param.low <= node <= param.high
+        if inside:
+            out[path] = node
+    return out
