@@ -75,8 +75,8 @@ class LRFinderSpec(_Strict):
 
     enabled: bool = False
     steps: int = Field(default=100, ge=10, description="optimizer steps of each range test (its cost)")
-    min_lr: float | None = Field(default=None, gt=0, description="default: low of optimizer.args.lr's range")
-    max_lr: float | None = Field(default=None, gt=0, description="default: high of optimizer.args.lr's range")
+    min_lr: float | None = Field(default=None, gt=0, description="default: min(1e-6, low of the lr range)")
+    max_lr: float | None = Field(default=None, gt=0, description="default: max(1.0, high of the lr range)")
     # enqueue: first trial at the suggestion; narrow: LR range [s/factor, s*factor]; both: both
     policy: Literal["enqueue", "narrow", "both"] = "both"
     factor: float = Field(default=10.0, gt=1.0)

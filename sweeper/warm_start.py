@@ -22,6 +22,7 @@ LR = "optimizer.args.lr"
 CONFIG_ROOTS = ("dataset.", "model.", "optimizer.plugin", "train.batch_size")
 MAX_CONFIGS = 8  # more distinct configurations than this: one test of the base config instead
 CACHE = "lr_finder.json"
+DEFAULT_MIN_LR, DEFAULT_MAX_LR = 1e-6, 1.0  # range-test bounds unless the declared range is wider
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,10 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
 
     lr_param = spec.search.space.get(LR)
     settings = spec.search.lr_finder
-    low = settings.min_lr or (lr_param.low if lr_param else 1e-7)
-    high = settings.max_lr or (lr_param.high if lr_param else 10.0)
+    # Span from "too small to learn" to "diverges" even when the declared range is narrow: a
+    # curve that only falls has no informative steepest point. Suggestions are clipped later.
+    low = settings.min_lr or min(lr_param.low if lr_param else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
+    high = settings.max_lr or max(lr_param.high if lr_param else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
     parts = build(TrialConfig(-1, spec.seed, config, spec.with_values(config)), device)
     return range_test(parts.model, parts.optimizer, parts.data, spec.with_values(config).train,
                       min_lr=low, max_lr=high, steps=settings.steps, seed=spec.seed)
