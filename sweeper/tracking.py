@@ -164,6 +164,8 @@ def trial_record(run_id: str, uri: str) -> tuple[Any, dict[str, Any]]:
 
     from sweeper.errors import UserError
 
+    # one small JSON file: MLflow's download progress bar would only clutter the output
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(uri)
     try:
         run = client.get_run(run_id)
