@@ -117,6 +117,40 @@ def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a n
     raise typer.Exit(1)
 
 
+@app.command("export")
+@user_errors
+def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a completed trial"),
+               formats: Optional[list[str]] = typer.Option(None, "--formats", help="torchscript, pt2, onnx "
+                                                           "(repeat or comma-separate) [default: the spec's]"),
+               out: Optional[Path] = typer.Option(None, "--out", help="[default: <sweep out>/export-trial-<N>]"),
+               tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
+    """Export a finished trial from its checkpoint; verify every file; write export.json."""
+    import os
+
+    from sweeper.export.trial_run import export_trial, parse_formats
+    from sweeper.progress import print_export
+    from sweeper.tracking import DEFAULT_URI
+
+    names = parse_formats(formats)
+    report = export_trial(run_id, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI, names, out)
+    print_export(Console(highlight=False), report)
+    if any("error" in e for e in report["formats"]):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def predict(model_file: Path = typer.Argument(..., help="model.torchscript.pt, model.pt2 or model.onnx"),
+            inputs: Path = typer.Argument(..., help=".npy array: one sample, or a batch (N, ...) of them, "
+                                                    "normalised as export.json says"),
+            out: Optional[Path] = typer.Option(None, "--out", help="also save the outputs (logits) as .npy")) -> None:
+    """Run an exported model on a .npy file, the way a consumer without sweeper does."""
+    from sweeper.export.predict import predict_file
+
+    for line in predict_file(model_file, inputs, out):
+        typer.echo(line)
+
+
 @app.command()
 def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
     """Print the spec's JSON schema (for editor autocompletion)."""

@@ -104,16 +104,37 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
                       f"{fmt(best['value'])} seed={best['seed']} {params}")
     else:
         console.print("[bold red]no trial completed[/]")
-    for e in summary.get("export", []):
-        if "error" in e:
-            console.print(f"[red]export {e['format']} failed[/]: {e['error']}")
-        else:
-            console.print(f"export {e['format']}: {e['path']} (max |diff| {e['max_abs_diff']:.2g})")
+    if "export" in summary:
+        print_export(console, summary["export"])
+    registry = summary.get("registry")
+    if registry and "error" in registry:
+        console.print(f"[red]registry[/]: {registry['error']}")
+    elif registry:
+        console.print(f"registered: {registry['model_uri']}; {'[green]champion[/]' if registry['champion'] else 'not champion'}"
+                      f" ({registry['reason']})")
     mlflow = summary["mlflow"]
     if mlflow["tracking_uri"]:
         console.print(f"MLflow: experiment '{mlflow['experiment']}', run {mlflow['parent_run_id']}; "
                       f"browse with: mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
     console.print(f"output: {summary['out_dir']}")
+
+
+def print_export(console: Console, report: dict[str, Any]) -> None:
+    """One line per exported format: file, size, parity, accuracy; or why it failed."""
+    if "error" in report:
+        console.print(f"[red]export failed[/]: {report['error']}")
+        return
+    for e in report["formats"]:
+        for warning in e.get("warnings", []):
+            console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+        if "error" in e:
+            console.print(f"[red]export {e['format']} failed[/]: {e['error']}", soft_wrap=True)
+            continue
+        change = f", change {e['val_acc_change']:+.4f}" if "val_acc_change" in e else ""
+        console.print(f"export {e['format']}: {e['path']} ({e['bytes'] / 1024:.0f} KiB; max |diff| "
+                      f"{e['max_abs_diff']:.2g} at batch {'/'.join(e['parity_max_abs_diff'])}; "
+                      f"val_acc {e['val_acc']:.4f}{change})")
+    console.print(f"export report: {report['json']}")
 
 
 class QuietObserver:

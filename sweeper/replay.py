@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sweeper import resolve
-from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
-from sweeper.tracking import TAG
+from sweeper.tracking import TAG, trial_record
 from sweeper.workers import Task, execute
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
@@ -36,17 +33,10 @@ class ReplayReport:
 
 
 def replay(run_id: str, tracking_uri: str) -> ReplayReport:
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    try:
-        run = client.get_run(run_id)
-        with tempfile.TemporaryDirectory() as tmp:
-            record = json.loads(Path(client.download_artifacts(run_id, "trial.json", tmp)).read_text())
-    except (MlflowException, OSError) as exc:
-        raise UserError(f"run {run_id} at {tracking_uri}: not a sweeper trial run with trial.json "
-                        f"({str(exc).splitlines()[0]}); list trial runs in the MLflow UI") from None
+    run, record = trial_record(run_id, tracking_uri)
     tags = run.data.tags
     spec = SweepSpec.model_validate(record["spec"])
     history = {key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]

@@ -76,8 +76,9 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
                                               "plot": str(f.plot)} for f in warm.findings]}
     artifacts = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
-        summary["export"] = export_best(spec, summary["best"], out_dir)
-        artifacts += [Path(e["path"]) for e in summary["export"] if "path" in e]
+        handed, files = handoff(spec, summary["best"], out_dir, tracker.uri, parent)
+        summary.update(handed)
+        artifacts += files
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2, default=str))
     tracker.end_sweep(parent, summary, [summary_path, *artifacts])
@@ -120,23 +121,38 @@ def summarize(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, pare
             "spec": spec.model_dump(mode="json"), "trials": records}
 
 
-def export_best(spec: SweepSpec, best: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
-    """Rebuild the best trial's model from its checkpoint and export it; one entry per format
-    (an entry with ``error`` when that format failed: the others still run)."""
-    from sweeper import checkpoint, export
-    from sweeper.trial import build_model, load_data
-
+def rebuild(trial_spec: SweepSpec, checkpoint_file: Path) -> tuple[Any, Any]:
+    """A trial's trained model (on the CPU) and its data, from the trial's spec and checkpoint."""
     import torch
 
-    best_spec = spec.with_values(best["params"])
-    data, _ = load_data(best_spec, torch.device("cpu"))
-    model = build_model(best_spec, data)
-    model.load_state_dict(checkpoint.load(Path(best["checkpoint"]))["model"])
-    example = data.val_x[: min(64, data.val_x.shape[0])]
-    results = []
-    for fmt in spec.export.formats:
+    from sweeper import checkpoint
+    from sweeper.trial import build_model, load_data
+
+    data, _ = load_data(trial_spec, torch.device("cpu"))
+    model = build_model(trial_spec, data)
+    model.load_state_dict(checkpoint.load(checkpoint_file)["model"])
+    return model.eval(), data
+
+
+def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracking_uri: str | None,
+            parent: str | None) -> tuple[dict[str, Any], list[Path]]:
+    """Export the best trial's model to every format of ``spec.export`` (export.json) and
+    register it under the sweep's run. Returns the summary's ``export`` and ``registry``
+    entries and the files to log; a failure is recorded there, never fatal to the sweep."""
+    from sweeper import export
+    from sweeper.export import publish
+
+    try:
+        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]))
+    except Exception as exc:
+        return {"export": {"error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
+                                    f"{type(exc).__name__}: {exc}"}}, []
+    source = {"trial": best["number"], "mlflow_run_id": best["mlflow_run_id"], "checkpoint": best["checkpoint"],
+              "objective": {spec.objective.metric: best["value"]}}
+    handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
+    if parent is not None:
         try:
-            results.append(export.torchscript(model, example, out_dir / "model.torchscript.pt", spec.export.atol))
-        except Exception as exc:  # one failed format must not lose the sweep or the others
-            results.append({"format": fmt, "error": f"{type(exc).__name__}: {exc}"})
-    return results
+            handed["registry"] = publish.register(model, data, spec, tracking_uri, parent, best["value"])
+        except Exception as exc:  # the sweep and its files are done: keep them
+            handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
+    return handed, export.artifacts(handed["export"])

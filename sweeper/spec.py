@@ -126,9 +126,30 @@ class TrackingSpec(_Strict):
     experiment: str | None = None  # default: the sweep's name
 
 
+EXPORT_FORMATS = ("torchscript", "pt2", "onnx")
+
+
 class ExportSpec(_Strict):
-    formats: list[Literal["torchscript"]] = ["torchscript"]
-    atol: float = Field(default=1e-4, gt=0)  # max |eager - exported| on a validation batch, fp32
+    # TorchScript (deprecated upstream, still asked for), torch.export (.pt2), ONNX: all by default
+    formats: list[Literal[EXPORT_FORMATS]] = list(EXPORT_FORMATS)
+    # max |eager - exported| over the outputs, at batch sizes 1 and 33 of validation rows; fp32
+    atol: float = Field(default=1e-4, gt=0)
+    # dynamic int8 quantization of the ONNX file's Linear layers (model.int8.onnx, CPU serving);
+    # its validation accuracy change is measured, not required to be zero
+    quantize: bool = False
+    registered_name: str | None = Field(default=None, min_length=1,
+                                        description="MLflow registered model; default: the sweep's name")
+    # checkpoints kept after the sweep: `best` (the best trial's, always kept) or `all` (every
+    # completed trial's, so `sweeper export RUN_ID` can export any of them; costs disk)
+    keep_checkpoints: Literal["best", "all"] = "best"
+
+    @model_validator(mode="after")
+    def _check_formats(self) -> ExportSpec:
+        if len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"formats {self.formats} lists a format twice")
+        if self.quantize and "onnx" not in self.formats:
+            raise ValueError("quantize: true quantizes the ONNX file; add onnx to export.formats")
+        return self
 
 
 class SweepSpec(_Strict):

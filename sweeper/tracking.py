@@ -166,3 +166,26 @@ def _params(values: dict[str, str]) -> list:
     from mlflow.entities import Param
 
     return [Param(k, str(v)[:6000]) for k, v in values.items()]  # MLflow caps a param at 6,000 chars
+
+
+def trial_record(run_id: str, uri: str) -> tuple[Any, dict[str, Any]]:
+    """A trial's MLflow run and its ``trial.json`` (what replay and export rebuild it from)."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from sweeper.errors import UserError
+
+    # one small JSON file: MLflow's download progress bar would only clutter the output
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    client = MlflowClient(uri)
+    try:
+        run = client.get_run(run_id)
+        with tempfile.TemporaryDirectory() as tmp:
+            record = json.loads(Path(client.download_artifacts(run_id, "trial.json", tmp)).read_text())
+    except (MlflowException, OSError) as exc:
+        raise UserError(f"run {run_id} at {uri}: not a sweeper trial run with trial.json "
+                        f"({str(exc).splitlines()[0]}); list trial runs in the MLflow UI") from None
+    return run, record
+

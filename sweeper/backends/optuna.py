@@ -200,7 +200,9 @@ class Coordinator:
         replay = {"number": task.number, "seed": task.seed, "params": task.params, "spec": task.spec,
                   "threads": task.threads, "sweep_seed": self.spec.seed, "git_rev": self.git_rev,
                   "sampler_seed": self.sampler_seed,
-                  "plugins": resolve.provenance(trial_spec)}
+                  "plugins": resolve.provenance(trial_spec),
+                  # for `sweeper export RUN_ID`: where the trained weights are, where exports go
+                  "checkpoint": str(Path(task.checkpoint).resolve()), "out_dir": str(self.out_dir.resolve())}
         live.run_id = self.tracker.start_trial(self.parent, task.number, task.seed, trial_spec, replay,
                                                tags={"git_rev": self.git_rev, "sweep_seed": str(self.spec.seed),
                                                      "plugins": json.dumps(replay["plugins"])})
@@ -249,7 +251,10 @@ class Coordinator:
         self.events({"event": "end", "record": record(frozen)})
 
     def _keep_best_checkpoint(self) -> None:
-        """Delete the checkpoints of completed trials that are not the best."""
+        """Delete the checkpoints of completed trials that are not the best (unless
+        export.keep_checkpoints is ``all``)."""
+        if self.spec.export.keep_checkpoints == "all":
+            return
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         pick = max if self.spec.objective.direction == "maximize" else min
         best = pick(done, key=lambda t: t.value)

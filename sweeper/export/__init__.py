@@ -1,0 +1,101 @@
+"""Export a trained model to every asked format, verify each file, describe them in export.json.
+
+formats.py writes the files, verify.py checks them from a process without sweeper,
+consumer.py is that process's (self-contained) code, publish.py registers the model in MLflow,
+trial_run.py exports a finished trial later from its MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from sweeper.export import formats, verify
+from sweeper.export.verify import ExportError
+from sweeper.plugin import DataSplits
+from sweeper.spec import ExportSpec
+
+__all__ = ["ExportError", "export_model", "FORMATS"]
+
+WRITERS: dict[str, Callable[[nn.Module, torch.Tensor, Path], dict[str, Any]]] = {
+    "torchscript": formats.torchscript, "pt2": formats.pt2, "onnx": formats.onnx}
+FORMATS = tuple(WRITERS)
+EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see formats.py)
+
+
+def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: ExportSpec,
+                 names: list[str] | None = None, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write, reload and check each format in ``names`` (default ``spec.formats``) into
+    ``out_dir``; a format that fails gets an ``error`` entry and the others still run. Writes
+    and returns the report (``out_dir/export.json``)."""
+    model = model.eval().cpu()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    val_x = data.val_x.detach().cpu().float()
+    example = val_x[:EXAMPLE_ROWS]
+    if len(example) < 2:
+        example = example.expand(2, *example.shape[1:]).clone()
+    entries: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
+        ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
+        for fmt in names or spec.formats:
+            entries.append(_one(fmt, lambda p, f=fmt: WRITERS[f](model, example, p), out_dir, ref, spec.atol))
+        onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
+        if spec.quantize and onnx_ok:
+            src = out_dir / formats.FILES["onnx"]
+            entry = _one("onnx-int8", lambda p: formats.quantize_onnx(src, p), out_dir, ref, None)
+            if "error" not in entry:
+                entry["val_acc_change"] = entry["val_acc"] - ref.val_acc
+                side = Path(entry["path"] + ".json")  # the accuracy change, next to the file
+                side.write_text(json.dumps({k: entry[k] for k in ("val_acc", "eager_val_acc", "val_acc_change",
+                                                                  "max_abs_diff")}, indent=2))
+                entry["files"].append(str(side))
+            entries.append(entry)
+    report = {
+        "source": source or {},
+        "input": {"shape": [None, *data.input_shape], "dtype": "float32", "batch_dim": 0},
+        "output": {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
+        "normalization": data.normalization,  # already applied by the data set: apply it before calling
+        "class_names": list(data.class_names) if data.class_names else None,
+        "atol": spec.atol, "eager_val_acc": ref.val_acc, "val_size": int(len(val_x)),
+        "formats": entries,
+    }
+    path = out_dir / "export.json"
+    path.write_text(json.dumps(report, indent=2))
+    report["json"] = str(path)
+    return report
+
+
+def _one(fmt: str, write: Callable[[Path], dict[str, Any]], out_dir: Path, ref: verify.Reference,
+         atol: float | None) -> dict[str, Any]:
+    """Write one file and check it; failures become the entry's ``error``."""
+    path = out_dir / formats.FILES[fmt]
+    entry: dict[str, Any] = {"format": fmt, "path": str(path)}
+    started = time.perf_counter()
+    try:
+        made = write(path)
+        entry["export_s"] = time.perf_counter() - started
+        files = [Path(f) for f in made.pop("files")]
+        entry.update(made, files=[str(f) for f in files], bytes=sum(f.stat().st_size for f in files))
+        started = time.perf_counter()
+        entry.update(verify.check(fmt, path, ref, atol))
+        entry["check_s"] = time.perf_counter() - started
+    except ExportError as exc:
+        entry["error"] = str(exc)
+    except Exception as exc:  # one failed format must not lose the sweep or the others
+        entry["error"] = f"{fmt}: export failed ({formats.first_line(exc)})"
+    return entry
+
+
+def artifacts(report: dict[str, Any]) -> list[Path]:
+    """The files worth logging: export.json and every verified file."""
+    files = [Path(report["json"])]
+    for e in report["formats"]:
+        if "error" not in e:
+            files += [Path(f) for f in e["files"]]
+    return files

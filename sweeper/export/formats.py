@@ -1,0 +1,117 @@
+"""Write one model file per format: TorchScript, torch.export (.pt2), ONNX, ONNX int8.
+
+Each writer takes the eager model (eval mode, CPU) and an example batch of at least 2 rows
+(torch.export specialises a dimension of size 1 to a constant) and returns what the export
+report records about how the file was made: ``method``, ``warnings`` and the ``files`` written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+FILES = {"torchscript": "model.torchscript.pt", "pt2": "model.pt2", "onnx": "model.onnx",
+         "onnx-int8": "model.int8.onnx"}
+# ONNX files are protobufs, capped at 2 GiB; below this many bytes of weights the model is
+# written as one self-contained file, above it the weights go to model.onnx.data.
+ONNX_SINGLE_FILE_BYTES = 1 << 30
+MAX_BATCH = 1 << 16  # upper bound of the dynamic batch dimension (torch.export needs one > 1)
+
+
+@contextlib.contextmanager
+def quiet_jit() -> Iterator[None]:
+    # torch.jit is deprecated upstream and warns on every call; the user asked for TorchScript,
+    # so keep the warning out of their output (README records the deprecation).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message=".*TorchScript.*")
+        yield
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
+    """``torch.jit.script``; if scripting fails, ``torch.jit.trace`` with a warning naming why,
+    and a second warning when the trace met data-dependent control flow."""
+    notes: list[str] = []
+    with quiet_jit():
+        try:
+            compiled, method = torch.jit.script(model), "script"
+        except Exception as exc:  # scripting rejects some Python; tracing records one path
+            method = "trace"
+            notes.append(f"torchscript: torch.jit.script failed ({first_line(exc)}); traced with "
+                         f"torch.jit.trace instead, which records only the operations run on the example")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", torch.jit.TracerWarning)
+                with torch.no_grad():
+                    compiled = torch.jit.trace(model, example, check_trace=False)
+            tracer = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+            if tracer:
+                notes.append(f"torchscript: the forward has data-dependent control flow ({tracer[0]}); "
+                             f"the traced graph keeps only the path the example input took, so inputs "
+                             f"that would take another branch get wrong results")
+        torch.jit.save(compiled, str(path))
+    return {"method": method, "warnings": notes, "files": [path]}
+
+
+def _batch_dim() -> dict[int, Any]:
+    return {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}
+
+
+def pt2(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
+    """``torch.export.export`` with a dynamic batch dimension, saved with ``torch.export.save``."""
+    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
+    torch.export.save(program, str(path))
+    return {"method": "torch.export", "warnings": [], "files": [path]}
+
+
+def onnx(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
+    """``torch.onnx.export`` (dynamo exporter) with a dynamic batch dimension, then ``onnx.checker``."""
+    import onnx as onnx_lib
+
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    single = weights < ONNX_SINGLE_FILE_BYTES
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # a stale weights file from an earlier, larger export
+    with _quiet_onnx():
+        torch.onnx.export(model, (example,), str(path), dynamo=True, dynamic_shapes=(_batch_dim(),),
+                          external_data=not single, verbose=False)
+    onnx_lib.checker.check_model(str(path), full_check=True)  # by path: also reads external data
+    return {"method": "torch.onnx (dynamo)", "warnings": [], "files": [path] + ([data] if data.exists() else [])}
+
+
+def quantize_onnx(src: Path, path: Path) -> dict[str, Any]:
+    """Dynamic int8 quantization of the Linear layers (ONNX MatMul/Gemm) with onnxruntime: int8
+    weights, activations quantized per batch at run time. For CPU serving."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_onnx():
+        quantize_dynamic(str(src), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    return {"method": "onnxruntime dynamic int8 (MatMul/Gemm)", "warnings": [], "files": [path]}
+
+
+@contextlib.contextmanager
+def _quiet_onnx() -> Iterator[None]:
+    # The exporter and the quantizer print progress and advice (on stdout and the root logger)
+    # that says nothing the export report does not; keep it out of the sweep's display.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)

@@ -1,0 +1,61 @@
+"""``sweeper predict MODEL_FILE INPUT.npy``: classify with an exported file, as a consumer would
+(the model is loaded and run by consumer.py, which needs no sweeper)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sweeper.errors import UserError
+
+SUFFIXES = (".pt", ".pt2", ".onnx")
+
+
+def predict_file(model_file: Path, inputs: Path, out: Path | None) -> list[str]:
+    """One line per input row: row, predicted class index, class name (from export.json)."""
+    from sweeper.export import consumer
+
+    if model_file.suffix not in SUFFIXES or not model_file.is_file():
+        raise UserError(f"{model_file}: expected an exported model file ({', '.join(SUFFIXES)}) such as "
+                        f"runs/digits/model.onnx" + ("" if model_file.is_file() else "; no such file"))
+    try:
+        x = np.load(inputs, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{inputs}: cannot read it as a .npy array ({exc}); expected e.g. np.save('x.npy', "
+                        f"batch) with a float32 batch shaped like the model's input") from None
+    info = _export_info(model_file)
+    x = _batch(np.asarray(x, dtype=np.float32), info, inputs)
+    try:
+        logits = consumer.predict(consumer.load(model_file), x)
+    except Exception as exc:  # a corrupt file, or an input the model rejects
+        raise UserError(f"{model_file}: running it on {inputs} (shape {list(x.shape)}) failed: "
+                        f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+    if out is not None:
+        np.save(out, logits)
+    names = info.get("class_names") or []
+    return [f"{i}\t{c}" + (f"\t{names[c]}" if c < len(names) else "") for i, c in enumerate(logits.argmax(1))]
+
+
+def _export_info(model_file: Path) -> dict[str, Any]:
+    """export.json beside the file (input shape, class names), or {} when there is none."""
+    path = model_file.with_name("export.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _batch(x: np.ndarray, info: dict[str, Any], source: Path) -> np.ndarray:
+    shape = (info.get("input") or {}).get("shape")
+    if shape is None:
+        return x
+    sample = tuple(shape[1:])
+    if x.shape == sample:
+        return x[None]  # one sample: a batch of one
+    if x.shape[1:] != sample:
+        raise UserError(f"{source}: shape {list(x.shape)}; the model expects (N, {', '.join(map(str, sample))}) "
+                        f"or one sample ({', '.join(map(str, sample))}), normalised as export.json says")
+    return x

@@ -1,0 +1,81 @@
+"""Register the best model in the MLflow Model Registry; move the ``champion`` alias to it only
+when it beats the current champion on the sweep's objective."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from sweeper.plugin import DataSplits
+from sweeper.spec import SweepSpec
+from sweeper.tracking import TAG
+
+ALIAS = "champion"
+EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dynamic
+
+
+def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: str, run_id: str,
+             value: float) -> dict[str, Any]:
+    """Log ``model`` (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
+    and an input example) to the sweep's run ``run_id``, register it as a new version, and
+    move the alias when ``value`` (the objective) beats the champion's."""
+    import mlflow
+    import torch
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import ModelSignature
+    from mlflow.tracking import MlflowClient
+    from mlflow.types import Schema, TensorSpec
+
+    name = spec.export.registered_name or spec.name
+    client = MlflowClient(tracking_uri)
+    example = data.val_x[:EXAMPLE_ROWS].detach().cpu().float().numpy()
+    signature = ModelSignature(  # -1: any batch size
+        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, data.num_classes))]))
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            logged = mlflow.pytorch.log_model(
+                model.eval().cpu(), name="model", signature=signature, input_example=example,
+                serialization_format="pt2", run_id=run_id,
+                # given, so MLflow does not infer them by loading the model in a subprocess
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+    finally:
+        mlflow.set_tracking_uri(previous)
+    try:
+        client.get_registered_model(name)
+    except MlflowException:  # the first sweep under this name
+        client.create_registered_model(name)
+    objective = spec.objective
+    tags = {f"{TAG}objective_metric": objective.metric, f"{TAG}objective_direction": objective.direction,
+            f"{TAG}objective_value": repr(float(value)), f"{TAG}sweep": spec.name}
+    version = client.create_model_version(name, logged.model_uri, run_id=run_id, tags=tags,
+                                          model_id=logged.model_id).version
+    moved, reason = _decide(client, name, objective.metric, objective.direction, float(value))
+    if moved:
+        client.set_registered_model_alias(name, ALIAS, version)
+    return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
+            "champion": moved, "reason": reason}
+
+
+def _decide(client: Any, name: str, metric: str, direction: str, value: float) -> tuple[bool, str]:
+    """(move the alias?, why), comparing ``value`` with the current champion's recorded objective."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, ALIAS)
+    except MlflowException:
+        return True, f"first {ALIAS} of '{name}'"
+    tags = current.tags
+    if tags.get(f"{TAG}objective_metric") != metric or f"{TAG}objective_value" not in tags:
+        return False, (f"{ALIAS} is version {current.version}, whose objective is not {metric}: "
+                       f"not comparable, alias left in place")
+    best = float(tags[f"{TAG}objective_value"])
+    better = value > best if direction == "maximize" else value < best
+    verb = "beats" if better else "does not beat"
+    return better, f"{metric}={value:.6g} {verb} {ALIAS} version {current.version} ({metric}={best:.6g})"

@@ -1,0 +1,53 @@
+"""``sweeper export RUN_ID``: export any finished trial later, from its MLflow run and checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import UserError
+from sweeper.spec import EXPORT_FORMATS, SweepSpec
+from sweeper.tracking import TAG, trial_record
+
+
+def parse_formats(values: list[str] | None) -> list[str] | None:
+    """``--formats onnx --formats pt2`` or ``--formats onnx,pt2``; None: the spec's formats."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in EXPORT_FORMATS]
+    if unknown or not names:
+        raise UserError(f"--formats {','.join(values)}: unknown format {', '.join(unknown) or '(none)'}; "
+                        f"expected one or more of: {', '.join(EXPORT_FORMATS)}")
+    return list(dict.fromkeys(names))
+
+
+def export_trial(run_id: str, tracking_uri: str, formats: list[str] | None, out: Path | None) -> dict[str, Any]:
+    """Rebuild the trial of MLflow run ``run_id`` from its checkpoint, export and verify it into
+    ``out`` (default ``<sweep out>/export-trial-<N>``), log the files to that run under export/."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeper import export
+    from sweeper.runner import rebuild
+
+    run, record = trial_record(run_id, tracking_uri)
+    number, state = record["number"], run.data.tags.get(f"{TAG}state")
+    if state != "complete":
+        raise UserError(f"run {run_id} is trial {number}, which {state or 'has not finished'}: only a completed "
+                        f"trial has a checkpoint to export")
+    if "checkpoint" not in record:
+        raise UserError(f"run {run_id}: its trial.json has no checkpoint path (recorded by an older sweeper); "
+                        f"export it from its sweep's checkpoints/ folder with a newer run")
+    checkpoint = Path(record["checkpoint"])
+    if not checkpoint.exists():
+        raise UserError(f"{checkpoint}: the checkpoint of trial {number} (run {run_id}) is gone; a sweep keeps "
+                        f"only the best trial's checkpoint unless its spec sets export.keep_checkpoints: all")
+    spec = SweepSpec.model_validate(record["spec"])
+    out = out or Path(record["out_dir"]) / f"export-trial-{number}"
+    model, data = rebuild(spec, checkpoint)
+    source = {"trial": number, "mlflow_run_id": run_id, "checkpoint": str(checkpoint)}
+    report = export.export_model(model, data, out, spec.export, names=formats, source=source)
+    client = MlflowClient(tracking_uri)
+    for path in export.artifacts(report):
+        client.log_artifact(run_id, str(path), "export")
+    return report
