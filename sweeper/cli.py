@@ -145,7 +145,7 @@ def _list_plugins(kind: Optional[str], with_args: bool) -> None:
                 failures.append(str(exc))
                 row.append("[red]failed to import (see below)[/]")
         table.add_row(*row)
-    Console(highlight=False).print(table)
+    Console(highlight=False).print(table if shown else f"no {kind or ''} plugins installed".replace("  ", " "))
     for (k, name), claimants in registry.collisions(shown).items():
         err.print(f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
                   f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
