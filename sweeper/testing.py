@@ -112,7 +112,7 @@ def check_model_plugin(name: str, *, args: dict[str, Any] | None = None,
 def _warn(report: CheckReport, message: str) -> None:
     text = f"model plugin '{report.name}' ({report.distribution} {report.version}): {message}"
     report.warnings.append(text)
-    warnings.warn(text, PluginExportWarning, stacklevel=3)
+    warnings.warn(text, PluginExportWarning, stacklevel=4)  # at the caller of check_model_plugin
 
 
 def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> None:
