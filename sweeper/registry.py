@@ -195,13 +195,14 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
     except TypeError as exc:
         unknown = sorted(set(args) - set(params or {}))
         allowed = [p.name for p in own_args(kind, factory)]
-        who = f"{singular(kind)} plugin '{name}' ({info(kind, name).where})"
+        who = f"{singular(kind)} plugin '{name}'"
+        source = info(kind, name).where
         if unknown and params is not None:
             close = difflib.get_close_matches(unknown[0], allowed, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise UserError(f"{where}.{unknown[0]}: {who} has no argument '{unknown[0]}'{hint}; "
-                            f"it accepts: {', '.join(allowed)}.") from None
-        raise UserError(f"{where}: cannot call {who} with {sorted(args)}: {exc}; "
+                            f"it accepts: {', '.join(allowed)}. The plugin comes from {source}.") from None
+        raise UserError(f"{where}: cannot call {who} ({source}) with {sorted(args)}: {exc}; "
                         f"it accepts: {', '.join(allowed)}.") from None
 
 

@@ -78,9 +78,9 @@ def test_a_misspelt_argument_stops_the_sweep_before_any_training(site: Path, wor
     model_dist(site, "tiny-plugin", "tiny_models", version="2.0")
     proc = sweeper("run", str(quick(workdir / "spec.yaml", plugin="tiny", args={"widht": 4})), "--quiet")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert ("model.args.widht: model plugin 'tiny' (distribution tiny-plugin 2.0, entry point "
-            "'tiny = tiny_models:tiny' in group 'sweeper.models') has no argument 'widht' "
-            "(did you mean 'width'?); it accepts: width") in " ".join(proc.stderr.split())
+    assert ("model.args.widht: model plugin 'tiny' has no argument 'widht' (did you mean 'width'?); it "
+            "accepts: width. The plugin comes from distribution tiny-plugin 2.0, entry point "
+            "'tiny = tiny_models:tiny' in group 'sweeper.models'.") in " ".join(proc.stderr.split())
     assert not (workdir / "runs").exists()  # nothing was started
 
     spec = quick(workdir / "searched.yaml", plugin="tiny")

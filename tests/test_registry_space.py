@@ -46,7 +46,7 @@ def test_qualified_name_pins_a_distribution():
 
 def test_bind_args_checks_signatures():
     registry.bind_args("optimizers", "sgd", {"lr": 0.1, "momentum": 0.9}, "optimizer.args")
-    with pytest.raises(UserError, match=r"model.args.widht: model plugin .resnet18. \(distribution sweeper .*\) has no argument .widht. "
+    with pytest.raises(UserError, match="model.args.widht: model plugin 'resnet18' has no argument 'widht' "
                                         r"\(did you mean 'width'\?\); it accepts: width"):
         registry.bind_args("models", "resnet18", {"widht": 3}, "model.args")
 
