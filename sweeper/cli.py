@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from sweeper.errors import UserError
+from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plugin-based hyperparameter sweeps for PyTorch.")
@@ -145,7 +146,7 @@ def _list_plugins(kind: Optional[str], with_args: bool) -> None:
                 failures.append(str(exc))
                 row.append("[red]failed to import (see below)[/]")
         table.add_row(*row)
-    Console(highlight=False).print(table if shown else f"no {kind or ''} plugins installed".replace("  ", " "))
+    Console(highlight=False).print(table if shown else f"no {kind + ' ' if kind else ''}plugins installed")
     for (k, name), claimants in registry.collisions(shown).items():
         err.print(f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
                   f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
@@ -163,7 +164,7 @@ def _kind_command(kind: str) -> Callable:
     return user_errors(command)
 
 
-for _kind in ("datasets", "models", "optimizers", "schedules", "search_spaces"):  # plugin.LISTED
+for _kind in LISTED:
     plugins_app.command(name=_kind)(_kind_command(_kind))
 
 
@@ -178,12 +179,13 @@ def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:nam
     from rich.table import Table
 
     from sweeper import PLUGIN_API_VERSION, registry
-    from sweeper.plugin import INJECTED, LISTED
+    from sweeper.plugin import INJECTED
 
     if kind is not None and kind not in LISTED:
         raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(LISTED)}")
-    short = name.rpartition(":")[2]
-    matches = [p for p in registry.list_plugins(kind) if p.name == short and name in (p.name, p.qualified)]
+    pin, _, short = name.rpartition(":")
+    matches = [p for p in registry.list_plugins(kind) if p.name == short
+               and (not pin or registry.normalize(pin) == registry.normalize(p.distribution))]
     if not matches:
         names = sorted({p.name for p in registry.list_plugins(kind)})
         close = difflib.get_close_matches(short, names, n=1)

@@ -98,6 +98,7 @@ def _find(kind: str, name: str) -> EntryPoint:
             f"Third-party plugins register under the entry-point group '{GROUP_PREFIX}{kind}'; "
             f"run 'sweeper plugins' to list what is installed.")
     if len(matches) > 1:
+        matches.sort(key=lambda ep: _info(kind, ep).distribution)  # stable message, whatever the sys.path order
         owners = "; ".join(_info(kind, ep).where for ep in matches)
         raise UserError(f"{singular(kind)} plugin name '{short}' is claimed by several distributions "
                         f"({owners}); pin one in the spec, e.g. plugin: \"{_info(kind, matches[0]).qualified}\".")
