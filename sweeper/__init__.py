@@ -1,5 +1,6 @@
 """sweeper: plugin-based hyperparameter sweeps for PyTorch."""
 
 __version__ = "0.1.0"
-# The plugin contract's version (docs in sweeper/plugin.py). Bumped on breaking changes.
+# The plugin contract's version (docs/plugins.md). Bumped on breaking changes; a plugin module
+# declaring SWEEPER_PLUGIN_API without this number is refused.
 PLUGIN_API_VERSION = 1

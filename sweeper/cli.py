@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from sweeper.errors import UserError
+from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plugin-based hyperparameter sweeps for PyTorch.")
@@ -163,21 +164,123 @@ def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a fi
         typer.echo(text)
 
 
-@app.command()
+plugins_app = typer.Typer(no_args_is_help=False, help=(
+    "List installed plugins (reads package metadata; imports none of them), or show one."))
+app.add_typer(plugins_app, name="plugins")
+ARGS = typer.Option(False, "--args", help="also import each plugin and show its arguments and defaults")
+
+
+@plugins_app.callback(invoke_without_command=True)
 @user_errors
-def plugins(kind: Optional[str] = typer.Argument(None, help="datasets, models, optimizers or schedules")) -> None:
-    """List installed plugins (reads package metadata; imports none of them)."""
+def plugins(ctx: typer.Context, args: bool = ARGS) -> None:
+    """List installed plugins of every kind: `sweeper plugins [KIND]`, `sweeper plugins show NAME`."""
+    ctx.obj = args  # `sweeper plugins --args models` means the same as `plugins models --args`
+    if ctx.invoked_subcommand is None:
+        _list_plugins(None, args)
+
+
+def _list_plugins(kind: Optional[str], with_args: bool) -> None:
     from rich.table import Table
 
-    from sweeper.plugin import KINDS
-    from sweeper.registry import list_plugins
+    from sweeper import registry
 
-    if kind is not None and kind not in KINDS:
-        raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(KINDS)}")
-    table = Table("kind", "name", "distribution", "version", "target")
-    for p in list_plugins(kind):
-        table.add_row(p.kind, p.name, p.distribution, p.version, p.target)
-    Console().print(table)
+    shown = registry.list_plugins(kind)
+    table = Table()
+    for column in ("kind", "name", "distribution", "version"):
+        table.add_column(column, no_wrap=True)
+    for column in ("entry point", *(["arguments (defaults)"] if with_args else [])):
+        table.add_column(column, overflow="fold")
+    failures = []
+    for p in shown:
+        row = [p.kind, p.name, p.distribution, p.version, p.target]
+        if with_args and p.kind != "search_spaces":
+            try:
+                factory = registry.get(p.kind, p.qualified)
+                row.append(", ".join(f"{n}={d}" for n, d, _ in registry.describe_args(p.kind, factory)))
+            except UserError as exc:  # one broken plugin must not hide the others
+                failures.append(str(exc))
+                row.append("[red]failed to import (see below)[/]")
+        table.add_row(*row)
+    Console(highlight=False).print(table if shown else f"no {kind + ' ' if kind else ''}plugins installed")
+    for (k, name), claimants in registry.collisions(shown).items():
+        err.print(f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
+                  f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
+                  f"plugin: \"{claimants[0].qualified}\"", soft_wrap=True)
+    for message in failures:
+        err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    if failures:
+        raise typer.Exit(1)
+
+
+def _kind_command(kind: str) -> Callable:
+    def command(ctx: typer.Context, args: bool = ARGS) -> None:
+        _list_plugins(kind, args or bool(ctx.obj))
+    command.__doc__ = f"List the {kind.replace('_', ' ')} plugins."
+    return user_errors(command)
+
+
+for _kind in LISTED:
+    plugins_app.command(name=_kind)(_kind_command(_kind))
+
+
+@plugins_app.command()
+@user_errors
+def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:name'"),
+         kind: Optional[str] = typer.Option(None, "--kind", help="only this kind (when a name has several)")) -> None:
+    """Import one plugin and show where it comes from, its API version and its arguments."""
+    import difflib
+    import inspect
+
+    from rich.table import Table
+
+    from sweeper import PLUGIN_API_VERSION, registry
+    from sweeper.plugin import INJECTED
+
+    if kind is not None and kind not in LISTED:
+        raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(LISTED)}")
+    pin, _, short = name.rpartition(":")
+    matches = [p for p in registry.list_plugins(kind) if p.name == short
+               and (not pin or registry.normalize(pin) == registry.normalize(p.distribution))]
+    if not matches:
+        names = sorted({p.name for p in registry.list_plugins(kind)})
+        close = difflib.get_close_matches(short, names, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise UserError(f"no {registry.singular(kind) + ' ' if kind else ''}plugin named '{name}'.{hint} "
+                        f"Installed: {', '.join(names) or 'none'}; run 'sweeper plugins'.")
+    out = Console(highlight=False, soft_wrap=True)
+    for p in matches:
+        out.print(f"[bold]{registry.singular(p.kind)} plugin '{p.name}'[/]")
+        out.print(f"  distribution  {p.distribution} {p.version}")
+        out.print(f"  entry point   {p.name} = {p.target}   (group sweeper.{p.kind})")
+        if p.kind == "search_spaces":
+            out.print(f"  copy it       sweeper init --from {p.qualified}")
+            continue
+        factory = registry.get(p.kind, p.qualified)
+        declared = registry.declared_api(p.kind, p.qualified)
+        out.print(f"  plugin API    {'not declared' if declared is None else declared} "
+                  f"(this sweeper: {PLUGIN_API_VERSION})")
+        doc = (inspect.getdoc(factory) or "").strip().split("\n\n")[0].replace("\n", " ")
+        if doc:
+            out.print(f"  about         {doc}")
+        out.print(f"  set by sweeper: {', '.join(INJECTED[p.kind])}")
+        table = Table("argument", "default", "type", title=None, box=None, padding=(0, 2))
+        for row in registry.describe_args(p.kind, factory):
+            table.add_row(*row)
+        out.print(table)
+        out.print(f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>")
+
+
+@app.command()
+@user_errors
+def init(source: str = typer.Option(..., "--from", help="a search space, or a plugin whose distribution ships one"),
+         out: Optional[Path] = typer.Option(None, "--out", "-o", help="spec to write [default: ./<name>.yaml]"),
+         force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
+    """Start a spec from a search space a plugin distribution ships."""
+    from sweeper.templates import init as init_spec
+
+    path, template = init_spec(source, out, force)
+    typer.echo(f"wrote {path} (search space '{template.name}' from {template.distribution} {template.version}); "
+               f"next: sweeper validate {path}  then  sweeper run {path}")
 
 
 def main() -> None:

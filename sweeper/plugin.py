@@ -13,6 +13,10 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
 
 Arguments from the spec are bound to the factory's signature before any training, so a
 misspelt argument fails the sweep up front.
+
+Versioning: the module an entry point names may declare ``SWEEPER_PLUGIN_API = 1`` (or a list
+of versions); ``registry.get`` refuses a plugin whose declaration excludes
+``sweeper.PLUGIN_API_VERSION``. Undeclared means compatible. Full contract: docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ if TYPE_CHECKING:
     import torch
 
 KINDS = ("datasets", "models", "optimizers", "schedules")
+# Groups `sweeper plugins` lists: the four factory kinds plus search-space templates (templates.py).
+LISTED = (*KINDS, "search_spaces")
+# Module attribute through which a plugin declares the plugin-API version(s) it targets.
+API_ATTR = "SWEEPER_PLUGIN_API"
 # Arguments sweeper passes itself, per kind; a spec may not set them.
 INJECTED = {
     "datasets": ("seed",),

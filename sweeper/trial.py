@@ -51,12 +51,17 @@ def fingerprint(data: DataSplits) -> str:
     return h.hexdigest()[:16]
 
 
+def dataset_args(factory: Any, args: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``args`` plus ``seed`` when the dataset factory accepts it (the contract's injection)."""
+    if "seed" in (registry.accepted_args(factory) or {"seed": None}):
+        return {**args, "seed": seed}
+    return dict(args)
+
+
 def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
     """The dataset plugin's splits on ``device``, and their fingerprint."""
     factory = registry.get("datasets", spec.dataset.plugin)
-    args = dict(spec.dataset.args)
-    if "seed" in (registry.accepted_args(factory) or {"seed": None}):
-        args["seed"] = spec.seed  # the sweep seed: every trial sees the same split
+    args = dataset_args(factory, spec.dataset.args, spec.seed)  # the sweep seed: same split every trial
     key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
     if key not in _data_cache:
         _data_cache.clear()

@@ -42,3 +42,36 @@ def sweeper(*args: str, check: bool = False, timeout: float = 600) -> subprocess
     if check and proc.returncode != 0:
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def make_dist(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
+              files: dict[str, str]) -> Path:
+    """A real installed distribution in folder ``site`` (put it on sys.path / PYTHONPATH):
+    ``NAME-VERSION.dist-info`` with METADATA and entry_points.txt, plus the given source files
+    (paths relative to ``site``). importlib.metadata finds it like any pip-installed package."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(groups))
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    return info
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A folder for made-up distributions, on sys.path here and on PYTHONPATH for the CLI;
+    the registry forgets them afterwards."""
+    from sweeper import registry
+
+    folder = tmp_path / "site"
+    folder.mkdir()
+    sys.path.insert(0, str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    yield folder
+    sys.path.remove(str(folder))
+    for name in [m for m, mod in sys.modules.items() if str(getattr(mod, "__file__", "")).startswith(str(folder))]:
+        del sys.modules[name]
+    registry.refresh()

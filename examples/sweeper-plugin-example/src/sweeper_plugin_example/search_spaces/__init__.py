@@ -1,0 +1,1 @@
+"""Search spaces shipped with this package (`sweeper init --from spirals`)."""

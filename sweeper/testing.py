@@ -1,0 +1,230 @@
+"""Conformance checks a plugin author runs in their own test suite::
+
+    from sweeper.testing import check_model_plugin
+
+    def test_my_model_conforms():
+        check_model_plugin("my_model")
+
+Each check finds the plugin through its entry point (so the registration is tested too),
+binds ``args`` to its signature as a spec would, builds it with its defaults plus ``args``,
+and raises ``AssertionError`` naming what broke. Exportability of a model (TorchScript,
+ONNX) is reported as a ``PluginExportWarning``: a model that does not export can still be
+swept. Each check returns a ``CheckReport``; docs/plugins.md describes the contract.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from sweeper import registry
+from sweeper.plugin import DataSplits
+
+
+class PluginExportWarning(UserWarning):
+    """The model trains but does not export to one format (TorchScript or ONNX)."""
+
+
+@dataclass
+class CheckReport:
+    kind: str
+    name: str
+    distribution: str
+    version: str
+    passed: list[str] = field(default_factory=list)  # what was checked, in order
+    warnings: list[str] = field(default_factory=list)  # export problems (also warned)
+
+
+def _start(kind: str, name: str, args: dict[str, Any] | None) -> tuple[Callable[..., Any], dict[str, Any], CheckReport]:
+    args = dict(args or {})
+    factory = registry.get(kind, name)  # import + API-version check
+    registry.bind_args(kind, name, args, f"{registry.singular(kind)}.args")
+    i = registry.info(kind, name)
+    report = CheckReport(kind, name, i.distribution, i.version, passed=["entry point, API version, arguments"])
+    return factory, args, report
+
+
+def _expect(ok: bool, report: CheckReport, what: str, detail: str = "") -> None:
+    if not ok:
+        raise AssertionError(f"{registry.singular(report.kind)} plugin '{report.name}' (distribution "
+                             f"{report.distribution} {report.version}): {what}{': ' + detail if detail else ''}")
+    report.passed.append(what)
+
+
+def _same_params(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- models -----------------------------------------------------------------------------------
+
+def check_model_plugin(name: str, *, args: dict[str, Any] | None = None,
+                       input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10,
+                       batch: int = 4, seed: int = 0, export: bool = True) -> CheckReport:
+    """Build the model twice under ``seed``; check a forward/backward step, the output shape
+    (batch, num_classes), finite values and gradients, and determinism; then try TorchScript
+    and ONNX export (warnings only)."""
+    factory, args, report = _start("models", name, args)
+
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return factory(input_shape=tuple(input_shape), num_classes=num_classes, **args)
+
+    model = build()
+    _expect(isinstance(model, nn.Module), report, "returns a torch.nn.Module", f"got {type(model).__name__}")
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    _expect(bool(trainable), report, "has trainable parameters")
+
+    twin = build()
+    _expect(_same_params(model, twin), report, f"same seed ({seed}), same initial parameters and buffers")
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, *input_shape, generator=g)
+    y = torch.randint(0, num_classes, (batch,), generator=g)
+    outputs = []
+    for m in (model, twin):
+        torch.manual_seed(seed)  # dropout and friends draw from the global generator
+        outputs.append(m.train()(x))
+    out = outputs[0]
+    _expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (batch, num_classes), report,
+            f"maps a batch of shape {(batch, *input_shape)} to logits of shape {(batch, num_classes)}",
+            f"got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    _expect(bool(torch.isfinite(out).all()), report, "outputs finite logits")
+    _expect(torch.equal(out, outputs[1]), report, "same seed, same outputs (train mode)")
+    nn.functional.cross_entropy(out, y).backward()
+    missing = [n for n, p in trainable if p.grad is None]
+    _expect(not missing, report, "every trainable parameter gets a gradient", f"none for {', '.join(missing[:5])}")
+    bad = [n for n, p in trainable if not torch.isfinite(p.grad).all()]
+    _expect(not bad, report, "gradients are finite", f"non-finite in {', '.join(bad[:5])}")
+    model.zero_grad(set_to_none=True)
+    if export:
+        _check_exports(model, x, report)
+    return report
+
+
+def _warn(report: CheckReport, message: str) -> None:
+    text = f"model plugin '{report.name}' ({report.distribution} {report.version}): {message}"
+    report.warnings.append(text)
+    warnings.warn(text, PluginExportWarning, stacklevel=4)  # at the caller of check_model_plugin
+
+
+def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> None:
+    from sweeper import export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            export.torchscript(model, x, Path(tmp) / "model.pt", atol=1e-4)
+            report.passed.append("exports to TorchScript (reloaded, same outputs)")
+        except Exception as exc:  # any failure is the plugin's to look at, not a test failure
+            _warn(report, f"does not export to TorchScript: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        try:
+            import onnxscript  # noqa: F401 - torch.onnx.export(dynamo=True) needs it
+        except ImportError:
+            _warn(report, "ONNX export not checked: install onnxscript (and onnx) to check it")
+            return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(model, (x,), str(Path(tmp) / "model.onnx"), dynamo=True,
+                                  external_data=False, verbose=False)
+            report.passed.append("exports to ONNX")
+        except Exception as exc:
+            _warn(report, f"does not export to ONNX: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+# --- datasets ---------------------------------------------------------------------------------
+
+def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
+    """Build the data set twice with ``seed``; check the DataSplits contract (dtypes, shapes,
+    label range, finite inputs), determinism, and the batch augmentation if it has one."""
+    from sweeper.trial import dataset_args
+
+    factory, args, report = _start("datasets", name, args)
+    data = factory(**dataset_args(factory, args, seed))
+    _expect(isinstance(data, DataSplits), report, "returns sweeper.plugin.DataSplits", f"got {type(data).__name__}")
+    for split in ("train", "val"):
+        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        _expect(x.is_floating_point() and y.dtype == torch.int64, report,
+                f"{split}_x is floating point and {split}_y int64", f"got {x.dtype} and {y.dtype}")
+        _expect(x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0, report,
+                f"{split}_x is (N, *input_shape) and {split}_y is (N,) with N > 0",
+                f"got {tuple(x.shape)} and {tuple(y.shape)}")
+        _expect(bool(((y >= 0) & (y < data.num_classes)).all()), report,
+                f"{split}_y holds class indices in [0, num_classes={data.num_classes})")
+        _expect(bool(torch.isfinite(x).all()), report, f"{split}_x is finite")
+    _expect(data.train_x.shape[1:] == data.val_x.shape[1:], report, "train and val inputs have the same shape",
+            f"{tuple(data.train_x.shape[1:])} vs {tuple(data.val_x.shape[1:])}")
+    _expect(data.num_classes >= 2, report, "num_classes >= 2", f"got {data.num_classes}")
+    if data.class_names is not None:
+        _expect(len(data.class_names) == data.num_classes, report, "one class name per class")
+
+    again = factory(**dataset_args(factory, args, seed))
+    same = all(torch.equal(getattr(data, f), getattr(again, f)) for f in ("train_x", "train_y", "val_x", "val_y"))
+    _expect(same, report, f"same seed ({seed}), same splits")
+    if data.train_transform is not None:
+        batch = data.train_x[:8]
+        a = data.train_transform(batch, torch.Generator().manual_seed(seed))
+        b = data.train_transform(batch, torch.Generator().manual_seed(seed))
+        _expect(a.shape == batch.shape and a.dtype == batch.dtype, report, "train_transform keeps shape and dtype")
+        _expect(torch.equal(a, b), report, "train_transform is determined by its generator")
+    return report
+
+
+# --- optimizers -------------------------------------------------------------------------------
+
+def check_optimizer_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0,
+                           steps: int = 20) -> CheckReport:
+    """Build the optimizer over two parameter groups (the second with its own lr); check that
+    ``steps`` steps on a small fixed problem lower the loss, that runs are deterministic, and
+    that a state_dict round trip (what a checkpoint does) resumes identically."""
+    factory, args, report = _start("optimizers", name, args)
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        opt = factory([{"params": weights}, {"params": biases}], **args)
+        return model, opt
+
+    def step(model: nn.Module, opt: torch.optim.Optimizer) -> float:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    model, opt = build()
+    _expect(isinstance(opt, torch.optim.Optimizer), report, "returns a torch.optim.Optimizer",
+            f"got {type(opt).__name__}")
+    _expect(len(opt.param_groups) == 2 and all("lr" in grp for grp in opt.param_groups), report,
+            "keeps the parameter groups it is given, each with an 'lr' (schedules rescale it)")
+    losses = [step(model, opt) for _ in range(steps)]
+    _expect(all(map(torch.isfinite, map(torch.tensor, losses))), report, "losses stay finite")
+    _expect(losses[-1] < losses[0], report, f"{steps} steps lower the loss",
+            f"{losses[0]:.4g} -> {losses[-1]:.4g} (are the default arguments usable?)")
+
+    twin, twin_opt = build()
+    for _ in range(steps):
+        step(twin, twin_opt)
+    _expect(_same_params(model, twin), report, "same seed, same parameters after the same steps")
+
+    resumed, resumed_opt = build()
+    saved = io.BytesIO()  # the way sweeper.checkpoint does it: torch.save, then weights_only load
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, saved)
+    saved.seek(0)
+    state = torch.load(saved, weights_only=True)
+    resumed.load_state_dict(state["model"])
+    resumed_opt.load_state_dict(state["optimizer"])
+    step(model, opt), step(resumed, resumed_opt)
+    _expect(_same_params(model, resumed), report, "resumes identically from state_dict (checkpoints)")
+    return report

@@ -1,0 +1,104 @@
+"""sweeper.testing: the conformance checks pass on good plugins and name what breaks on bad ones."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import make_dist
+from sweeper import registry
+from sweeper.testing import PluginExportWarning, check_dataset_plugin, check_model_plugin, check_optimizer_plugin
+
+BAD = '''
+import torch
+from torch import nn
+from sweeper.plugin import DataSplits
+
+
+def wrong_shape(*, input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], num_classes + 1))
+
+
+class Opaque(nn.Module):  # trains fine; like a custom kernel, it cannot run as TorchScript
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.fc = nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        if torch.jit.is_scripting() or torch.jit.is_tracing():
+            raise RuntimeError("custom kernel has no TorchScript version")
+        return self.fc(x.flatten(1))
+
+
+def unscriptable(*, input_shape, num_classes):
+    return Opaque(input_shape[0] * input_shape[1] * input_shape[2], num_classes)
+
+
+def unseeded(*, n: int = 32):  # draws from the global generator: a different split every call
+    x = torch.randn(2 * n, 2)
+    y = torch.randint(0, 2, (2 * n,))
+    return DataSplits(train_x=x[:n], train_y=y[:n], val_x=x[n:], val_y=y[n:], num_classes=2)
+
+
+class Frozen(torch.optim.SGD):  # never moves a parameter
+    def step(self, closure=None):
+        return None
+
+
+def frozen(params, *, lr: float = 0.1):
+    return Frozen(params, lr=lr)
+'''
+
+
+@pytest.fixture
+def bad(site: Path) -> None:
+    make_dist(site, "bad-plugins", "0.0.1", {
+        "sweeper.models": {"wrong_shape": "bad_plugins:wrong_shape", "unscriptable": "bad_plugins:unscriptable"},
+        "sweeper.datasets": {"unseeded": "bad_plugins:unseeded"},
+        "sweeper.optimizers": {"frozen": "bad_plugins:frozen"}}, {"bad_plugins.py": BAD})
+    registry.refresh()
+
+
+def test_builtins_conform():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginExportWarning)
+        report = check_model_plugin("cnn", input_shape=(1, 8, 8), num_classes=4)
+    assert report.distribution == "sweeper"
+    assert all("ONNX" in w for w in report.warnings)  # ONNX is unchecked where onnxscript is missing
+    assert "exports to TorchScript (reloaded, same outputs)" in report.passed
+    assert "same seed, same outputs (train mode)" in report.passed
+    check_model_plugin("mlp", args={"dropout": 0.5}, export=False)  # dropout under a seed is deterministic
+    assert "same seed (0), same splits" in check_dataset_plugin("synthetic", args={"num_train": 64}).passed
+    assert "resumes identically from state_dict (checkpoints)" in check_optimizer_plugin("adamw").passed
+
+
+def test_wrong_output_shape_fails(bad):
+    with pytest.raises(AssertionError, match=r"model plugin 'wrong_shape' \(distribution bad-plugins 0\.0\.1\): "
+                                             r"maps a batch .* to logits of shape \(4, 10\): got \(4, 11\)"):
+        check_model_plugin("wrong_shape")
+
+
+def test_export_failure_is_a_warning_not_a_failure(bad):
+    with pytest.warns(PluginExportWarning, match="'unscriptable' .*does not export to TorchScript"):
+        report = check_model_plugin("unscriptable")
+    assert any("TorchScript" in w for w in report.warnings)
+    assert "gradients are finite" in report.passed
+
+
+def test_unseeded_dataset_fails(bad):
+    with pytest.raises(AssertionError, match=r"dataset plugin 'unseeded' .*same seed \(0\), same splits"):
+        check_dataset_plugin("unseeded")
+
+
+def test_optimizer_that_does_not_move_fails(bad):
+    with pytest.raises(AssertionError, match=r"optimizer plugin 'frozen' .*20 steps lower the loss"):
+        check_optimizer_plugin("frozen")
+
+
+def test_args_are_bound_like_a_spec(bad):
+    from sweeper.errors import UserError
+
+    with pytest.raises(UserError, match=r"optimizer.args.lrr: optimizer plugin 'frozen' .*did you mean 'lr'"):
+        check_optimizer_plugin("frozen", args={"lrr": 0.1})
