@@ -5,7 +5,6 @@ import sys
 import warnings
 from pathlib import Path
 
-
 from sweeper.testing import PluginExportWarning, check_dataset_plugin, check_model_plugin, check_optimizer_plugin
 
 
