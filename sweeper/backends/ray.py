@@ -174,10 +174,11 @@ def _connect(spec: SweepSpec, address: str | None) -> None:
     env = {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}  # keep relative paths (data roots) as in the spec
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables (sweeper shows its own)
     quiet = {"log_to_driver": False, "logging_level": "WARNING", "runtime_env": env}
-    if address is None:  # a local Ray for this sweep; ray.init turns token authentication on
+    if address is None:  # a new local Ray for this sweep ("local": never a cluster found on the machine);
+        # ray.init turns token authentication on for it
         from sweeper.seeding import cpu_cores
 
-        ray.init(num_cpus=spec.search.ray.num_cpus or cpu_cores(), include_dashboard=False,
+        ray.init(address="local", num_cpus=spec.search.ray.num_cpus or cpu_cores(), include_dashboard=False,
                  object_store_memory=spec.search.ray.object_store_mb * 2**20, **quiet)
         return
     # Ray does not turn token authentication on for an explicit address: do as `ray start --head`
@@ -332,6 +333,9 @@ def run(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Any) -> tupl
     parent = tracker.start_sweep(spec, previous.get("parent_run_id") if previous.get("uri") == tracker.uri else None)
     state_file.write_text(json.dumps({"uri": tracker.uri, "parent_run_id": parent, "experiment": experiment}))
 
+    # Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default;
+    # a small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
     _connect(spec, address)
     EVENTS = observer.event
     try:
