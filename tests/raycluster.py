@@ -51,16 +51,20 @@ class LoopbackCluster:
         self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True))
 
-    def _wait_for_nodes(self, n: int, timeout: float = 120) -> list[str]:
+    def alive_nodes(self) -> list[str]:
+        """Node ids of the live nodes (asked from a separate driver process)."""
         code = ("import ray; ray.init(address='%s', logging_level='ERROR');"
                 "print(' '.join(x['NodeID'] for x in ray.nodes() if x['Alive']))" % self.address)
+        out = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True)
+        return out.stdout.split() if out.returncode == 0 else []
+
+    def _wait_for_nodes(self, n: int, timeout: float = 120) -> list[str]:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if any(p.poll() is not None for p in self.procs):
                 raise RuntimeError(f"a ray node exited; see {self.logs}")
-            out = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True)
-            ids = out.stdout.split()
-            if out.returncode == 0 and len(ids) == n:
+            ids = self.alive_nodes()
+            if len(ids) == n:
                 return ids
             time.sleep(1)
         raise RuntimeError(f"the cluster did not reach {n} nodes in {timeout:.0f} s; see {self.logs}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,21 +75,27 @@ def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
         assert "trial.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
-def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str):
-    cluster = LoopbackCluster(workdir, nodes=2)
-    try:
-        spec = ray_spec(workdir / "s.yaml", "ray-cluster", sampler="random",
-                        pruner={"type": "none"}, ray={"address": cluster.address, "max_concurrent_trials": 2})
-        env_token = {k: cluster.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-        proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(spec), "--out", "out", "-q"],
-                              env={**os.environ, **env_token}, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        alive = subprocess.run([sys.executable, "-c", "import ray; ray.init(address='%s', logging_level='ERROR');"
-                                "print(len([n for n in ray.nodes() if n['Alive']]))" % cluster.address],
-                               env=cluster.env, capture_output=True, text=True)
-    finally:
-        cluster.stop()
-    assert alive.stdout.strip() == "2"  # the sweep disconnected from the cluster, it did not stop it
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """Two Ray nodes on this machine (separate `ray start` processes and ports), token auth on."""
+    c = LoopbackCluster(tmp_path_factory.mktemp("cluster"), nodes=2, dashboard=True)
+    yield c
+    c.stop()
+
+
+def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
+                                                monkeypatch: pytest.MonkeyPatch):
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):  # the cluster's token, as its users would have it
+        monkeypatch.setenv(key, cluster.env[key])
+    spec = ray_spec(workdir / "s.yaml", "ray-cluster", sampler="random",
+                    pruner={"type": "none"}, ray={"address": cluster.address, "max_concurrent_trials": 2})
+    refused = sweeper("run", str(spec), "--out", "out", "-q")  # <out>/ray: not shared storage
+    assert refused.returncode == 2 and "this 2-node Ray cluster runs trials on other machines" in \
+        " ".join(refused.stderr.split())
+    # every node of this cluster is on this machine: a local folder is a shared mount for them
+    shared = f"search.ray.storage_path=file://{workdir / 'ray'}"
+    sweeper("run", str(spec), shared, "--out", "out", "-q", check=True)
+    assert len(cluster.alive_nodes()) == 2  # the sweep disconnected from the cluster, it did not stop it
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     trials = summary["trials"]
     assert len(trials) == 4 and all(t["state"] == "complete" for t in trials)
@@ -98,13 +105,37 @@ def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str):
     assert {r.data.tags["sweeper.ray_node_id"] for r in runs} == set(cluster.node_ids)
 
 
+def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
+                                           monkeypatch: pytest.MonkeyPatch):
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.setenv(key, cluster.env[key])
+    spec = ray_spec(workdir / "s.yaml", "ray-job", n_trials=2, sampler="random", pruner={"type": "none"})
+    dashboard = f"http://127.0.0.1:{cluster.dashboard_port}"
+    proc = sweeper("submit", str(spec), "train.epochs=1", f"search.ray.storage_path=file://{workdir / 'ray'}",
+                   "--address", dashboard, "--out", str(workdir / "job-out"), check=True)
+    job_id = re.search(r"submitted Ray job (\S+);", proc.stdout).group(1)
+    assert f"ray job logs --follow --address {dashboard} {job_id}" in proc.stdout
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)
+    deadline = time.time() + 300
+    while time.time() < deadline and not client.get_job_status(job_id).is_terminal():
+        time.sleep(1)
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+    summary = json.loads((workdir / "job-out" / "summary.json").read_text())
+    assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
+    assert summary["spec"]["train"]["epochs"] == 1  # the override travelled with the spec
+    assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 2
+
+
 def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str):
     # slow trials (~1 s per epoch), one at a time, so the kill lands mid-sweep
     spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=3, pruner={"type": "none"},
                     ray={"num_cpus": 1, "max_concurrent_trials": 1})
     slow = ["dataset.args.num_train=8192", "train.batch_size=16", "train.epochs=4"]
     cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *slow, "--out", "out", "-q"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     client = MlflowClient(mlflow_uri)
     exp = None
     deadline, done_before, running = time.time() + 240, [], None
@@ -119,7 +150,9 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
                         and len(client.get_metric_history(r.info.run_id, "val_acc")) >= 2), None)
         if done_before and running:
             break
-    os.kill(proc.pid, signal.SIGKILL)  # no clean-up: like a crash, an OOM kill or a lost login node
+    # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
+    # this driver started goes with it
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert done_before and running, "the sweep never got to a completed trial and a running one"
 

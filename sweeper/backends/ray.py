@@ -130,22 +130,33 @@ def trial_dirname(trial: Any) -> str:
 # --- the driver side ------------------------------------------------------------------------
 
 def is_remote(address: str | None) -> bool:
-    """True when the address names another machine (its trials run where this one's disk is not)."""
+    """True when the address names another machine (one where this machine's disk is not)."""
+    import socket
+
     if not address:
         return False
     host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
-    return host not in LOCAL_HOSTS
+    if host in LOCAL_HOSTS:
+        return False
+    try:  # an address of this machine can be bound to (a Ray job's RAY_ADDRESS is the head's own IP)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+        return False
+    except OSError:
+        return True
 
 
-def storage_path(spec: SweepSpec, out_dir: Path, address: str | None) -> str:
-    """Tune's storage: a URI as given, else an absolute local path (default <out>/ray)."""
+def storage_path(spec: SweepSpec, out_dir: Path, address: str | None, nodes: int = 1) -> str:
+    """Tune's storage: a URI as given, else an absolute local path (default <out>/ray), which
+    only a single-node cluster on this machine can use."""
     path = spec.search.ray.storage_path
     if path and "://" in path:
         return path
-    if is_remote(address):
+    if is_remote(address) or nodes > 1:
+        where = f"the Ray cluster at {address}" if is_remote(address) else f"this {nodes}-node Ray cluster"
         raise UserError(
             f"search.ray.storage_path: {path or 'the default <out>/ray'!r} is a path on this machine, but "
-            f"the Ray cluster at {address} runs trials on other machines, which cannot write there or "
+            f"{where} runs trials on other machines, which cannot write there or "
             f"read each other's checkpoints; expected shared storage that every node reaches: an "
             f"s3://bucket/prefix or gs://bucket/prefix URI, or file:///mnt/shared/... on a file system "
             f"mounted at that path on every node")
@@ -168,12 +179,23 @@ def _absolute_uri(uri: str | None) -> str | None:
     return uri
 
 
+def use_auth_token() -> None:
+    """Ray does not turn token authentication on for an explicit address: do as `ray start
+    --head` does and use the token when one is configured (a cluster without auth ignores it)."""
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+        (Path.home() / ".ray" / "auth_token").is_file()
+    if "RAY_AUTH_MODE" not in os.environ and token:
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def _connect(spec: SweepSpec, address: str | None) -> None:
     import ray
 
-    env = {"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}}  # keep relative paths (data roots) as in the spec
+    # Tune passes this to the trial actors: keep relative paths (data roots) as in the spec. Not a
+    # runtime_env: in a Ray job, a driver's own runtime_env replaces the job's working_dir.
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables (sweeper shows its own)
-    quiet = {"log_to_driver": False, "logging_level": "WARNING", "runtime_env": env}
+    quiet = {"log_to_driver": False, "logging_level": "WARNING"}
     if address is None:  # a new local Ray for this sweep ("local": never a cluster found on the machine);
         # ray.init turns token authentication on for it
         from sweeper.seeding import cpu_cores
@@ -181,12 +203,7 @@ def _connect(spec: SweepSpec, address: str | None) -> None:
         ray.init(address="local", num_cpus=spec.search.ray.num_cpus or cpu_cores(), include_dashboard=False,
                  object_store_memory=spec.search.ray.object_store_mb * 2**20, **quiet)
         return
-    # Ray does not turn token authentication on for an explicit address: do as `ray start --head`
-    # does and use the token when one is configured (a cluster without auth ignores it).
-    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
-        (Path.home() / ".ray" / "auth_token").is_file()
-    if "RAY_AUTH_MODE" not in os.environ and token:
-        os.environ["RAY_AUTH_MODE"] = "token"
+    use_auth_token()
     ray.init(address=address, **quiet)
 
 
@@ -327,18 +344,19 @@ def run(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Any) -> tupl
     from sweeper.seeding import threads_per_trial
     from sweeper.tracking import git_revision
 
-    experiment = f"{storage.rstrip('/')}/{spec.name}"
-    state_file = out_dir / STATE_FILE
-    previous = json.loads(state_file.read_text()) if state_file.exists() else {}
-    parent = tracker.start_sweep(spec, previous.get("parent_run_id") if previous.get("uri") == tracker.uri else None)
-    state_file.write_text(json.dumps({"uri": tracker.uri, "parent_run_id": parent, "experiment": experiment}))
-
     # Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default;
     # a small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
     _connect(spec, address)
     EVENTS = observer.event
     try:
+        storage_path(spec, out_dir, address, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
+        experiment = f"{storage.rstrip('/')}/{spec.name}"
+        state_file = out_dir / STATE_FILE
+        previous = json.loads(state_file.read_text()) if state_file.exists() else {}
+        parent = tracker.start_sweep(spec, previous.get("parent_run_id") if previous.get("uri") == tracker.uri else None)
+        state_file.write_text(json.dumps({"uri": tracker.uri, "parent_run_id": parent, "experiment": experiment}))
+
         restoring = tune.Tuner.can_restore(experiment)
         interrupted = tracker.open_trials(parent) if restoring else []
         for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
