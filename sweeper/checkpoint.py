@@ -24,3 +24,8 @@ def save(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """weights_only=True: tensors and plain containers only, no arbitrary code from the file."""
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def trial_path(out_dir: Path, number: int) -> Path:
+    """Where a sweep keeps trial ``number``'s checkpoint (the best trial's is kept for export)."""
+    return out_dir / "checkpoints" / f"trial-{number:05d}.pt"

@@ -56,6 +56,23 @@ def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 
 @app.command()
 @user_errors
+def submit(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
+           address: str = typer.Option(..., "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
+           out: Optional[str] = typer.Option(None, "--out", help="output folder on the head node "
+                                                                  "[default: /tmp/sweeper/runs/<name>]"),
+           python: str = typer.Option(sys.executable, "--python", help="the head node's Python with sweeper installed")) -> None:
+    """Submit the sweep (search.backend: ray) as a Ray job; print how to follow it."""
+    from sweeper.jobs import submit as submit_job
+
+    job = submit_job(spec, overrides or [], address, out, python)
+    typer.echo(f"submitted Ray job {job.job_id}; output on the head node: {job.out}\n"
+               f"follow:  {job.follow}\n"
+               f"status:  ray job status --address {address} {job.job_id}\n"
+               f"stop:    ray job stop --address {address} {job.job_id}")
+
+
+@app.command()
+@user_errors
 def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Check a spec and its plugins without training; print the resolved spec and budget."""
     import yaml

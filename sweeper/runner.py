@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,8 +35,6 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     """Run (or resume) the sweep into ``out_dir``; returns the summary also written there."""
     import torch
 
-    from sweeper.backends import optuna as backend
-
     resolve.check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; "
@@ -43,9 +42,40 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
 
+    tracker = Tracker.for_spec(spec)
+    started = time.perf_counter()
+    warm = None
+    if spec.search.backend == "ray":
+        from sweeper.backends import ray as ray_backend
+
+        records, parent, storage = ray_backend.run(spec, out_dir, tracker, observer)
+    else:
+        records, parent, storage, warm = _run_optuna(spec, out_dir, tracker, observer)
+        spec = warm.spec if warm is not None else spec  # the LR finder may have narrowed the space
+    summary = summarize(spec, records, out_dir, tracker, parent, storage)
+    summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
+    if warm is not None:
+        summary["lr_finder"] = {"note": warm.note, "policy": spec.search.lr_finder.policy,
+                                "findings": [{"config": f.config, "suggestion": f.result.suggestion,
+                                              "steps": f.result.steps, "seconds": f.result.seconds,
+                                              "plot": str(f.plot)} for f in warm.findings]}
+    artifacts = [out_dir / "spec.yaml"]
+    if summary["best"] is not None and spec.export.formats:
+        handed, files = handoff(spec, summary["best"], out_dir, tracker.uri, parent)
+        summary.update(handed)
+        artifacts += files
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    tracker.end_sweep(parent, summary, [summary_path, *artifacts])
+    return summary
+
+
+def _run_optuna(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer):
+    """The Optuna backend's search; returns (trial records, parent run id, storage URL, warm start)."""
+    from sweeper.backends import optuna as backend
+
     study = backend.open_study(spec, out_dir)
     requeued = backend.recover_interrupted(study)
-    tracker = Tracker.for_spec(spec)
     previous = study.user_attrs.get(PARENT_RUN) or {}
     parent = tracker.start_sweep(spec, previous.get("run_id") if previous.get("uri") == tracker.uri else None)
     if parent and previous.get("run_id") != parent:
@@ -67,22 +97,8 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
             coordinator.run(remaining, executor)
         finally:
             executor.close()
-
-    summary = summarize(spec, study, out_dir, tracker, parent)
-    if warm is not None:
-        summary["lr_finder"] = {"note": warm.note, "policy": spec.search.lr_finder.policy,
-                                "findings": [{"config": f.config, "suggestion": f.result.suggestion,
-                                              "steps": f.result.steps, "seconds": f.result.seconds,
-                                              "plot": str(f.plot)} for f in warm.findings]}
-    artifacts = [out_dir / "spec.yaml"]
-    if summary["best"] is not None and spec.export.formats:
-        handed, files = handoff(spec, summary["best"], out_dir, tracker.uri, parent)
-        summary.update(handed)
-        artifacts += files
-    summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2, default=str))
-    tracker.end_sweep(parent, summary, [summary_path, *artifacts])
-    return summary
+    records = [backend.record(t) for t in study.get_trials(deepcopy=False)]
+    return records, parent, backend.storage_url(spec, out_dir), warm
 
 
 def _warm_start(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None):
@@ -100,23 +116,31 @@ def _warm_start(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, pa
     return warm.spec, warm
 
 
-def summarize(spec: SweepSpec, study: Any, out_dir: Path, tracker: Tracker, parent: str | None) -> dict[str, Any]:
-    from sweeper.backends import optuna as backend
+def best_record(spec: SweepSpec, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The completed trial with the best value, or None."""
+    complete = [r for r in records if r["state"] == "complete" and r["value"] is not None]
+    if not complete:
+        return None
+    pick = max if spec.objective.direction == "maximize" else min
+    return pick(complete, key=lambda r: r["value"])
 
-    records = [backend.record(t) for t in study.get_trials(deepcopy=False)]
+
+def summarize(spec: SweepSpec, records: list[dict[str, Any]], out_dir: Path, tracker: Tracker,
+              parent: str | None, storage: str) -> dict[str, Any]:
+    """summary.json from the per-trial records of either backend (see optuna.record)."""
+    from sweeper.checkpoint import trial_path
+
     counts: dict[str, int] = {}
     for r in records:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
-    complete = [r for r in records if r["state"] == "complete"]
     best = None
-    if complete:
-        pick = max if spec.objective.direction == "maximize" else min
-        b = pick(complete, key=lambda r: r["value"])
+    b = best_record(spec, records)
+    if b is not None:
         best = {k: b[k] for k in ("number", "params", "value", "seed", "mlflow_run_id")}
         best["metrics"] = b["history"][-1] if b["history"] else {}
-        best["checkpoint"] = str(backend.checkpoint_path(out_dir, b["number"]))
+        best["checkpoint"] = str(trial_path(out_dir, b["number"]))
     return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
-            "storage": backend.storage_url(spec, out_dir), "counts": counts, "best": best,
+            "storage": storage, "counts": counts, "best": best,
             "mlflow": {"tracking_uri": tracker.uri, "experiment": tracker.experiment, "parent_run_id": parent},
             "spec": spec.model_dump(mode="json"), "trials": records}
 

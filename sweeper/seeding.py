@@ -36,6 +36,8 @@ def cpu_cores() -> int:
 def threads_per_trial(spec: SweepSpec) -> int:
     """torch CPU threads for each trial: fixed by the spec, not by `parallel` in reproducible
     mode, because the thread count changes float rounding."""
+    if spec.search.backend == "ray":  # the trial's reserved CPUs (a fraction still gets one thread)
+        return spec.train.cpu_threads or max(1, int(spec.search.resources.cpu))
     share = spec.search.batch_size if spec.search.reproducible else spec.search.parallel
     return spec.train.cpu_threads or max(1, cpu_cores() // share)
 

@@ -13,9 +13,12 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper.spec import SweepSpec
+
+if TYPE_CHECKING:
+    from sweeper.workers import Task
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
 TAG = "sweeper."
@@ -108,6 +111,32 @@ class Tracker:
         self._client.log_dict(run.info.run_id, replay, "trial.json")
         return run.info.run_id
 
+    def start_task(self, parent_id: str | None, task: Task, sweep_seed: int, git_rev: str,
+                   sampler_seed: int | None, tags: dict[str, str] | None = None,
+                   extra: dict[str, Any] | None = None) -> str | None:
+        """start_trial for a backend's Task: trial.json holds what `sweeper replay` needs."""
+        if not self.enabled:
+            return None
+        from sweeper import resolve
+
+        trial_spec = SweepSpec.model_validate(task.spec)
+        plugins = resolve.provenance(trial_spec)
+        replay = {"number": task.number, "seed": task.seed, "params": task.params, "spec": task.spec,
+                  "threads": task.threads, "sweep_seed": sweep_seed, "git_rev": git_rev,
+                  "sampler_seed": sampler_seed, "plugins": plugins, **(extra or {})}
+        return self.start_trial(parent_id, task.number, task.seed, trial_spec, replay,
+                                tags={"git_rev": git_rev, "sweep_seed": str(sweep_seed),
+                                      "plugins": json.dumps(plugins), **(tags or {})})
+
+    def open_trials(self, parent_id: str | None) -> list[str]:
+        """Run ids of the sweep's trial runs still marked RUNNING."""
+        if parent_id is None:
+            return []
+        exp = self._client.get_run(parent_id).info.experiment_id
+        runs = self._client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' "
+                                                             f"and attributes.status = 'RUNNING'")
+        return [r.info.run_id for r in runs]
+
     def log_epoch(self, run_id: str | None, epoch: int, metrics: dict[str, float]) -> None:
         if run_id is None:
             return
@@ -128,7 +157,8 @@ class Tracker:
         self._client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         if error:
             self._client.log_text(run_id, error, "error.txt")
-        self._client.set_terminated(run_id, status="FAILED" if state == "failed" else "FINISHED")
+        status = {"failed": "FAILED", "interrupted": "KILLED"}.get(state, "FINISHED")
+        self._client.set_terminated(run_id, status=status)
 
     def log_lr_finder(self, run_id: str | None, warm: Any, cache: Path) -> None:
         """The range tests on the sweep's run: curves as images, suggestions and policy as params."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SPACES, sweeper, write_spec
+from conftest import SPACES, sweeper
 from sweeper import spec as spec_mod
 from sweeper.cli import app
 from sweeper.errors import UserError

@@ -101,12 +101,12 @@ def test_rerun_resumes_the_study(workdir: Path):
     spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-resume"})
     sweeper("run", str(spec), "search.n_trials=2", "--out", "out", "-q", check=True)
     first = json.loads((workdir / "out" / "summary.json").read_text())
-    proc = sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
+    sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
     second = json.loads((workdir / "out" / "summary.json").read_text())
     assert [t["number"] for t in second["trials"]] == [0, 1, 2]
     assert [t["params"] for t in second["trials"][:2]] == [t["params"] for t in first["trials"]]
     assert second["mlflow"]["parent_run_id"] == first["mlflow"]["parent_run_id"]
-    proc = sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
+    sweeper("run", str(spec), "search.n_trials=3", "--out", "out", "-q", check=True)
     assert len(json.loads((workdir / "out" / "summary.json").read_text())["trials"]) == 3  # budget spent
 
 

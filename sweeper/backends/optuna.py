@@ -11,7 +11,6 @@ everything reported so far: more throughput, no such guarantee.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper import resolve
 from sweeper import space as sp
 from sweeper.seeding import threads_per_trial, trial_seed
 from sweeper.spec import SweepSpec
@@ -119,7 +117,9 @@ def record(t: FrozenTrial) -> dict[str, Any]:
 
 
 def checkpoint_path(out_dir: Path, number: int) -> Path:
-    return out_dir / "checkpoints" / f"trial-{number:05d}.pt"
+    from sweeper.checkpoint import trial_path
+
+    return trial_path(out_dir, number)
 
 
 @dataclass
@@ -196,16 +196,10 @@ class Coordinator:
 
     def _start(self, executor: Any, task: Task) -> None:
         live = self.live[task.number]
-        trial_spec = SweepSpec.model_validate(task.spec)
-        replay = {"number": task.number, "seed": task.seed, "params": task.params, "spec": task.spec,
-                  "threads": task.threads, "sweep_seed": self.spec.seed, "git_rev": self.git_rev,
-                  "sampler_seed": self.sampler_seed,
-                  "plugins": resolve.provenance(trial_spec),
-                  # for `sweeper export RUN_ID`: where the trained weights are, where exports go
-                  "checkpoint": str(Path(task.checkpoint).resolve()), "out_dir": str(self.out_dir.resolve())}
-        live.run_id = self.tracker.start_trial(self.parent, task.number, task.seed, trial_spec, replay,
-                                               tags={"git_rev": self.git_rev, "sweep_seed": str(self.spec.seed),
-                                                     "plugins": json.dumps(replay["plugins"])})
+        # for `sweeper export RUN_ID`: where the trained weights are, where exports go
+        where = {"checkpoint": str(Path(task.checkpoint).resolve()), "out_dir": str(self.out_dir.resolve())}
+        live.run_id = self.tracker.start_task(self.parent, task, self.spec.seed, self.git_rev, self.sampler_seed,
+                                              extra=where)
         self.events({"event": "start", "number": task.number, "params": task.params})
         executor.submit(task)
 

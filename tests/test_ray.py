@@ -1,0 +1,200 @@
+"""The Ray Tune backend end to end through the real CLI: a real local Ray, a real two-node Ray
+cluster on loopback, real MLflow (sqlite). Each test starts and stops its own Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import sweeper, write_spec
+from raycluster import LoopbackCluster
+
+
+def ray_spec(path: Path, experiment: str, **search: object) -> Path:
+    """smoke.yaml on the Ray backend: 2 epochs, ASHA, one CPU per trial."""
+    base = {"backend": "ray", "sampler": "tpe", "n_trials": 4,
+            "pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 2},
+            "resources": {"cpu": 1}, "ray": {"num_cpus": 2},
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+                      "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}}
+    return write_spec(path, train={"epochs": 2, "batch_size": 32}, tracking={"experiment": experiment},
+                      search={**base, **search})
+
+
+def children(client: MlflowClient, parent_id: str) -> list:
+    exp = client.get_run(parent_id).info.experiment_id
+    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
+    spec = ray_spec(workdir / "s.yaml", "ray-local")
+    sweeper("run", str(spec), "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+
+    # summary.json: the same shape as the Optuna backend's
+    assert summary["spec"]["search"]["backend"] == "ray"
+    assert summary["storage"] == str((workdir / "out" / "ray" / "smoke").resolve())
+    trials = summary["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    assert len({t["seed"] for t in trials}) == 4
+    for t in trials:
+        assert t["state"] in ("complete", "pruned"), t
+        assert set(t["params"]) == {"optimizer.args.lr", "model.args.hidden"}
+        assert len(t["history"]) == t["epochs"] and {"val_acc", "train_loss"} <= set(t["history"][-1])
+        if t["state"] == "complete":
+            assert t["epochs"] == 2 and t["value"] == t["history"][-1]["val_acc"]
+        else:
+            assert t["epochs"] < 2 and t["reason"].startswith("stopped at epoch 1 by the asha scheduler")
+    best = summary["best"]
+    assert best["value"] == max(t["value"] for t in trials if t["state"] == "complete")
+    assert Path(best["checkpoint"]).is_file()
+    assert summary["export"][0]["format"] == "torchscript" and "error" not in summary["export"][0]
+
+    # MLflow: trial runs logged by the workers, nested under the sweep's run, all closed
+    client = MlflowClient(mlflow_uri)
+    parent_id = summary["mlflow"]["parent_run_id"]
+    assert client.get_run(parent_id).info.status == "FINISHED"
+    runs = {r.info.run_id: r for r in children(client, parent_id)}
+    assert set(runs) == {t["mlflow_run_id"] for t in trials}
+    for t in trials:
+        run = runs[t["mlflow_run_id"]]
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["sweeper.state"] == t["state"] and run.data.tags["sweeper.trial"] == str(t["number"])
+        assert run.data.tags["sweeper.ray_node_id"] == t["node_id"]
+        history = client.get_metric_history(run.info.run_id, "val_acc")
+        assert [m.value for m in sorted(history, key=lambda m: m.step)] == [h["val_acc"] for h in t["history"]]
+        assert "trial.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """Two Ray nodes on this machine (separate `ray start` processes and ports), token auth on."""
+    c = LoopbackCluster(tmp_path_factory.mktemp("cluster"), nodes=2, dashboard=True)
+    yield c
+    c.stop()
+
+
+def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
+                                                monkeypatch: pytest.MonkeyPatch):
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):  # the cluster's token, as its users would have it
+        monkeypatch.setenv(key, cluster.env[key])
+    spec = ray_spec(workdir / "s.yaml", "ray-cluster", sampler="random",
+                    pruner={"type": "none"}, ray={"address": cluster.address, "max_concurrent_trials": 2})
+    refused = sweeper("run", str(spec), "--out", "out", "-q")  # <out>/ray: not shared storage
+    assert refused.returncode == 2 and "this 2-node Ray cluster runs trials on other machines" in \
+        " ".join(refused.stderr.split())
+    # every node of this cluster is on this machine: a local folder is a shared mount for them
+    shared = f"search.ray.storage_path=file://{workdir / 'ray'}"
+    sweeper("run", str(spec), shared, "--out", "out", "-q", check=True)
+    assert len(cluster.alive_nodes()) == 2  # the sweep disconnected from the cluster, it did not stop it
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trials = summary["trials"]
+    assert len(trials) == 4 and all(t["state"] == "complete" for t in trials)
+    assert {t["node_id"] for t in trials} == set(cluster.node_ids)  # trials ran on both nodes
+    client = MlflowClient(mlflow_uri)
+    runs = children(client, summary["mlflow"]["parent_run_id"])
+    assert {r.data.tags["sweeper.ray_node_id"] for r in runs} == set(cluster.node_ids)
+
+
+def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
+                                           monkeypatch: pytest.MonkeyPatch):
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.setenv(key, cluster.env[key])
+    spec = ray_spec(workdir / "s.yaml", "ray-job", n_trials=2, sampler="random", pruner={"type": "none"})
+    dashboard = f"http://127.0.0.1:{cluster.dashboard_port}"
+    proc = sweeper("submit", str(spec), "train.epochs=1", f"search.ray.storage_path=file://{workdir / 'ray'}",
+                   "--address", dashboard, "--out", str(workdir / "job-out"), check=True)
+    job_id = re.search(r"submitted Ray job (\S+);", proc.stdout).group(1)
+    assert f"ray job logs --follow --address {dashboard} {job_id}" in proc.stdout
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)
+    deadline = time.time() + 300
+    while time.time() < deadline and not client.get_job_status(job_id).is_terminal():
+        time.sleep(1)
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+    summary = json.loads((workdir / "job-out" / "summary.json").read_text())
+    assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
+    assert summary["spec"]["train"]["epochs"] == 1  # the override travelled with the spec
+    assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 2
+
+
+def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str):
+    # slow trials (~1 s per epoch), one at a time, so the kill lands mid-sweep
+    spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=3, pruner={"type": "none"},
+                    ray={"num_cpus": 1, "max_concurrent_trials": 1})
+    slow = ["dataset.args.num_train=8192", "train.batch_size=16", "train.epochs=4"]
+    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *slow, "--out", "out", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    client = MlflowClient(mlflow_uri)
+    exp = None
+    deadline, done_before, running = time.time() + 240, [], None
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        exp = exp or client.get_experiment_by_name("ray-resume")
+        if exp is None:
+            continue
+        runs = client.search_runs([exp.experiment_id], "tags.`sweeper.kind` = 'trial'")
+        done_before = [r for r in runs if r.data.tags.get("sweeper.state") == "complete"]
+        running = next((r for r in runs if r.info.status == "RUNNING"
+                        and len(client.get_metric_history(r.info.run_id, "val_acc")) >= 2), None)
+        if done_before and running:
+            break
+    # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
+    # this driver started goes with it
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert done_before and running, "the sweep never got to a completed trial and a running one"
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trials = summary["trials"]
+    assert [t["number"] for t in trials] == [0, 1, 2]
+    assert all(t["state"] == "complete" and t["epochs"] == 4 for t in trials)
+    by_run = {t["mlflow_run_id"]: t for t in trials}
+    for r in done_before:  # finished before the kill: kept as they were, not trained again
+        assert r.info.run_id in by_run
+        assert by_run[r.info.run_id]["value"] == r.data.metrics["val_acc"]
+    # the interrupted trial ran again from its start, in a new MLflow run; the old one is closed
+    killed = client.get_run(running.info.run_id)
+    assert killed.info.status == "KILLED" and killed.data.tags["sweeper.state"] == "interrupted"
+    again = next(t for t in trials if t["number"] == int(running.data.tags["sweeper.trial"]))
+    assert again["mlflow_run_id"] != running.info.run_id
+    assert summary["mlflow"]["parent_run_id"] == running.data.tags["mlflow.parentRunId"]
+    assert len(children(client, summary["mlflow"]["parent_run_id"])) == 4  # 3 trials + 1 interrupted run
+
+
+@pytest.mark.parametrize("override, message", [
+    ("search.parallel=2", "search.parallel is an Optuna backend option and backend is 'ray'"),
+    ("search.storage=sqlite:///x.db", "search.storage is an Optuna backend option"),
+])
+def test_optuna_only_options_are_refused_with_ray(workdir: Path, override: str, message: str):
+    proc = sweeper("validate", str(ray_spec(workdir / "s.yaml", "x")), override)
+    assert proc.returncode == 2 and message in proc.stderr.replace("\n", "")
+
+
+def test_ray_options_are_refused_with_optuna(workdir: Path):
+    spec = write_spec(workdir / "s.yaml", search={"backend": "optuna", "ray": {"address": "10.0.0.1:6379"}})
+    proc = sweeper("validate", str(spec))
+    assert proc.returncode == 2 and "search.ray configures the Ray backend" in proc.stderr.replace("\n", "")
+
+
+def test_remote_cluster_with_local_storage_is_refused(workdir: Path):
+    spec = ray_spec(workdir / "s.yaml", "x", ray={"address": "10.1.2.3:6379", "storage_path": "/data/ray"})
+    proc = sweeper("run", str(spec), "--out", "out", "-q", timeout=120)
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr
+    assert "search.ray.storage_path: '/data/ray' is a path on this machine" in text
+    assert "shared storage that every node reaches" in text
+    assert "Traceback" not in proc.stderr
