@@ -57,7 +57,8 @@ def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
     best = summary["best"]
     assert best["value"] == max(t["value"] for t in trials if t["state"] == "complete")
     assert Path(best["checkpoint"]).is_file()
-    assert summary["export"][0]["format"] == "torchscript" and "error" not in summary["export"][0]
+    exported = summary["export"]["formats"][0]
+    assert exported["format"] == "torchscript" and "error" not in exported
 
     # MLflow: trial runs logged by the workers, nested under the sweep's run, all closed
     client = MlflowClient(mlflow_uri)
@@ -129,6 +130,14 @@ def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, clus
     assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 2
 
 
+def _state_saved_after(out: Path, finished: list) -> bool:
+    """Tune restores what its last experiment snapshot holds: kill only once a snapshot was
+    written after the finished trials ended (a kill in between re-runs them, by design)."""
+    ended = max(r.info.end_time or 0 for r in finished) / 1000
+    snapshots = list(out.rglob("experiment_state*.json"))
+    return bool(snapshots) and max(p.stat().st_mtime for p in snapshots) > ended + 0.2
+
+
 def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str):
     # slow trials (~1 s per epoch), one at a time, so the kill lands mid-sweep
     spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=3, pruner={"type": "none"},
@@ -148,7 +157,7 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
         done_before = [r for r in runs if r.data.tags.get("sweeper.state") == "complete"]
         running = next((r for r in runs if r.info.status == "RUNNING"
                         and len(client.get_metric_history(r.info.run_id, "val_acc")) >= 2), None)
-        if done_before and running:
+        if done_before and running and _state_saved_after(workdir / "out", done_before):
             break
     # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
     # this driver started goes with it
