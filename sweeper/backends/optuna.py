@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import space as sp
+from sweeper.checkpoint import trial_path
 from sweeper.seeding import threads_per_trial, trial_seed
 from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker, git_revision
@@ -116,12 +117,6 @@ def record(t: FrozenTrial) -> dict[str, Any]:
             "mlflow_run_id": info.get("mlflow_run_id"), "history": info.get("history", [])}
 
 
-def checkpoint_path(out_dir: Path, number: int) -> Path:
-    from sweeper.checkpoint import trial_path
-
-    return trial_path(out_dir, number)
-
-
 @dataclass
 class _Live:
     trial: optuna.Trial  # in the real study
@@ -190,7 +185,7 @@ class Coordinator:
             view.add_trials(self.snapshot)  # numbers 0..b-1, as in the real study
             shadow = view.ask()
         task = Task(trial.number, seed, values, self.spec.with_values(values).model_dump(mode="json"),
-                    self.threads, str(checkpoint_path(self.out_dir, trial.number)))
+                    self.threads, str(trial_path(self.out_dir, trial.number)))
         self.live[trial.number] = _Live(trial, task, None, shadow)
         return task
 
@@ -249,9 +244,7 @@ class Coordinator:
         export.keep_checkpoints is ``all``)."""
         if self.spec.export.keep_checkpoints == "all":
             return
-        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        pick = max if self.spec.objective.direction == "maximize" else min
-        best = pick(done, key=lambda t: t.value)
-        for t in done:
+        best = self.study.best_trial  # the study knows its direction
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if t.number != best.number:
-                checkpoint_path(self.out_dir, t.number).unlink(missing_ok=True)
+                trial_path(self.out_dir, t.number).unlink(missing_ok=True)
