@@ -140,7 +140,7 @@ def _state_saved_after(out: Path, finished: list) -> bool:
 
 def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str):
     # slow trials (~1 s per epoch), one at a time, so the kill lands mid-sweep
-    spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=3, pruner={"type": "none"},
+    spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=4, pruner={"type": "none"},
                     ray={"num_cpus": 1, "max_concurrent_trials": 1})
     slow = ["dataset.args.num_train=8192", "train.batch_size=16", "train.epochs=4"]
     cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *slow, "--out", "out", "-q"]
@@ -161,6 +161,7 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
             break
     # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
     # this driver started goes with it
+    assert proc.poll() is None, "the sweep ended before a snapshot held a finished trial and another ran"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert done_before and running, "the sweep never got to a completed trial and a running one"
@@ -169,7 +170,7 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     trials = summary["trials"]
-    assert [t["number"] for t in trials] == [0, 1, 2]
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
     assert all(t["state"] == "complete" and t["epochs"] == 4 for t in trials)
     by_run = {t["mlflow_run_id"]: t for t in trials}
     for r in done_before:  # finished before the kill: kept as they were, not trained again
@@ -181,7 +182,7 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
     again = next(t for t in trials if t["number"] == int(running.data.tags["sweeper.trial"]))
     assert again["mlflow_run_id"] != running.info.run_id
     assert summary["mlflow"]["parent_run_id"] == running.data.tags["mlflow.parentRunId"]
-    assert len(children(client, summary["mlflow"]["parent_run_id"])) == 4  # 3 trials + 1 interrupted run
+    assert len(children(client, summary["mlflow"]["parent_run_id"])) == 5  # 4 trials + 1 interrupted run
 
 
 @pytest.mark.parametrize("override, message", [
