@@ -1,12 +1,13 @@
 """Does the LR-finder warm start pay? Digits, a deliberately wide LR range, same trial budget.
 
-    python benchmarks/lr_warm_start.py [--seeds 0 1 2] [--trials 12] [--target 0.98]
+    python benchmarks/lr_warm_start.py [--seeds 0 1 2 3 4 5 6 7] [--trials 12] [--targets 0.98 0.99]
 
 For each seed, runs search_spaces/digits.yaml with optimizer.args.lr searched over 1e-5..1,
 once without and once with ``search.lr_finder`` (policy both), one process with 2 threads, no
 MLflow (its cost is the same either way). Prints per run: best val_acc, the number of trials
-and the time (LR finder included) until a trial first reached the target, and the ratios
-with / without.
+and the time (LR finder included) until a trial first reached each target, the trials that
+never got past 0.9 (wasted on a hopeless LR), and the means and ratios with / without. A run
+that never reaches a target counts as the whole budget plus one trial (and its whole time).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sweeper.progress import QuietObserver
 SPEC = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"
 WIDE = ["search.space.optimizer.args.lr={type: float, low: 1.0e-5, high: 1.0, log: true}",
         "search.parallel=1", "train.cpu_threads=2", "tracking.enabled=false", "export.formats=[]"]
+HOPELESS = 0.9  # a trial whose best epoch stays below this val_acc was spent on a useless LR
 
 
 def sweep(seed: int, trials: int, warm: bool) -> dict:
@@ -32,44 +34,55 @@ def sweep(seed: int, trials: int, warm: bool) -> dict:
         return runner.run_sweep(spec, Path(out), QuietObserver())
 
 
-def reached(summary: dict, target: float) -> tuple[int | None, float | None]:
-    """(trials, seconds) until the first trial at or above the target, in trial order."""
-    seconds = sum(f["seconds"] for f in summary.get("lr_finder", {}).get("findings", []))
+def finder_seconds(summary: dict) -> float:
+    return sum(f["seconds"] for f in summary.get("lr_finder", {}).get("findings", []))
+
+
+def reached(summary: dict, target: float, budget: int) -> tuple[int, float]:
+    """(trials, seconds) until the first trial at or above the target, in trial order; the
+    budget + 1 and all the time when no trial got there."""
+    seconds = finder_seconds(summary)
     for i, t in enumerate(summary["trials"]):
         seconds += t["seconds"] or 0.0
         if t["value"] is not None and t["value"] >= target:
             return i + 1, seconds
-    return None, None
+    return budget + 1, seconds
+
+
+def hopeless(summary: dict) -> int:
+    return sum(max((h["val_acc"] for h in t["history"]), default=0.0) < HOPELESS for t in summary["trials"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--target", type=float, default=0.98)
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.98, 0.99])
     args = parser.parse_args()
     sweep(99, 1, False)  # warm-up: imports and first-call costs out of the measured runs
-    print(f"{'seed':>4} {'warm':>5} {'best':>7} {'trials→target':>13} {'s→target':>9} {'finder s':>8}")
-    rows = {False: [], True: []}
+    targets = "".join(f" {f'trials→{t}':>11} {f's→{t}':>8}" for t in args.targets)
+    print(f"{'seed':>4} {'warm':>5} {'best':>7}{targets} {'hopeless':>8} {'total s':>7} {'finder s':>8} suggestion")
+    rows: dict[bool, list[dict]] = {False: [], True: []}
     for i, seed in enumerate(args.seeds):
         for warm in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which runs first
             summary = sweep(seed, args.trials, warm)
-            n, s = reached(summary, args.target)
-            finder = sum(f["seconds"] for f in summary.get("lr_finder", {}).get("findings", []))
-            best = summary["best"]["value"] if summary["best"] else 0.0
-            rows[warm].append((best, n, s))
-            print(f"{seed:>4} {str(warm):>5} {best:7.4f} {n if n else '-':>13} "
-                  f"{f'{s:.1f}' if s else '-':>9} {finder:8.1f}")
-    for label, i in (("best val_acc", 0), ("trials to target", 1), ("seconds to target", 2)):
-        # a run that never reached the target counts as the whole budget (+1 trial)
-        fill = args.trials + 1 if i == 1 else None
-        without = [r[i] if r[i] is not None else fill for r in rows[False]]
-        with_ = [r[i] if r[i] is not None else fill for r in rows[True]]
-        if None in without or None in with_:
-            print(f"{label}: not reached in every run")
-            continue
-        print(f"{label}: mean without {statistics.mean(without):.3f}, with {statistics.mean(with_):.3f}, "
-              f"ratio with/without {statistics.mean(with_) / statistics.mean(without):.2f}")
+            row = {"best": summary["best"]["value"] if summary["best"] else 0.0, "hopeless": hopeless(summary),
+                   "total s": finder_seconds(summary) + sum(t["seconds"] or 0.0 for t in summary["trials"])}
+            cells = ""
+            for target in args.targets:
+                n, s = reached(summary, target, args.trials)
+                row[f"trials→{target}"], row[f"s→{target}"] = n, s
+                cells += f" {n if n <= args.trials else '-':>11} {s:8.1f}"
+            rows[warm].append(row)
+            found = [f["suggestion"] for f in summary.get("lr_finder", {}).get("findings", [])]
+            print(f"{seed:>4} {str(warm):>5} {row['best']:7.4f}{cells} {row['hopeless']:>8} {row['total s']:7.1f} "
+                  f"{finder_seconds(summary):8.1f} {', '.join(f'{s:.3g}' for s in found if s)}", flush=True)
+    print(f"\nmeans over {len(args.seeds)} seeds, {args.trials} trials each (lower is better except best):")
+    for key in rows[False][0]:
+        without = statistics.mean(r[key] for r in rows[False])
+        with_ = statistics.mean(r[key] for r in rows[True])
+        ratio = f"{with_ / without:5.2f}" if without else "  n/a"
+        print(f"  {key:>14}: without {without:8.3f}   with {with_:8.3f}   with/without {ratio}")
 
 
 if __name__ == "__main__":

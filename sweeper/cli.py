@@ -103,7 +103,9 @@ def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
     path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
     lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
     found = f"{result.suggestion:.4g}" if result.suggestion is not None else "none (no reliable signal)"
-    typer.echo(f"suggested lr: {found}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
+    detail = f" (steepest descent {result.steepest:.3g}, lowest loss at {result.min_loss_lr:.3g})" \
+        if result.steepest is not None and result.min_loss_lr is not None else ""
+    typer.echo(f"suggested lr: {found}{detail}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
                f"(stopped: {result.stopped})\nplot: {path}")
 
 

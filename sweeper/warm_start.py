@@ -1,5 +1,7 @@
 """Warm-start a sweep from LR range tests: one per distinct (dataset, model, optimizer, batch
-size) configuration the space can produce, cached in the output folder.
+size) configuration the space can produce, cached in the output folder. A configuration is a
+choice of plugin or batch size; plugin args (widths, depths) share one test: on digits the good
+LR range of widths 8, 16 and 32 is the same (0.004-0.06), and each test costs about half a trial.
 
 Policies: ``enqueue`` puts a first trial at each suggestion (other searched params at their
 base values), ``narrow`` shrinks optimizer.args.lr's range to [s/factor, s*factor] (the
@@ -19,7 +21,7 @@ from sweeper.lr_finder import RangeTest, plot, range_test
 from sweeper.spec import SweepSpec
 
 LR = "optimizer.args.lr"
-CONFIG_ROOTS = ("dataset.", "model.", "optimizer.plugin", "train.batch_size")
+CONFIG_PATHS = ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
 MAX_CONFIGS = 8  # more distinct configurations than this: one test of the base config instead
 CACHE = "lr_finder.json"
 DEFAULT_MIN_LR, DEFAULT_MAX_LR = 1e-6, 1.0  # range-test bounds unless the declared range is wider
@@ -41,9 +43,9 @@ class WarmStart:
 
 
 def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Each combination of the unconditional categorical params that change what is trained."""
+    """Each combination of the unconditional categorical choices of plugin and batch size."""
     dims = {path: p.choices for path, p in spec.search.space.items()
-            if isinstance(p, sp.CategoricalParam) and not p.when and path.startswith(CONFIG_ROOTS)}
+            if isinstance(p, sp.CategoricalParam) and not p.when and path in CONFIG_PATHS}
     combos = [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
     return combos if len(combos) <= MAX_CONFIGS else [{}]
 

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from conftest import SPACES, sweeper, write_spec
 from sweeper import spec as spec_mod
-from sweeper.lr_finder import range_test, suggest
+from sweeper.lr_finder import range_test, steepest, suggest
 from sweeper.trial import TrialConfig, run_trial
 
 CPU = torch.device("cpu")
@@ -26,6 +26,17 @@ def test_suggestion_is_the_steepest_descent_and_none_without_signal():
     assert 5e-4 < suggest(lrs, losses) < 2e-3
     assert suggest(lrs, [2.0] * 100) is None  # flat: no signal
     assert suggest(lrs[:5], losses[:5]) is None  # too few points
+
+
+def test_suggestion_is_capped_at_a_tenth_of_the_lowest_loss():
+    """A test that trains as it goes: the loss falls fastest right before its minimum (0.3),
+    where training is on the edge; the suggestion is then the minimum's LR / 10."""
+    lrs = [10 ** (-6 + 6 * i / 99) for i in range(100)]
+    losses = [2.0 - 1.5 / (1 + math.exp(-6 * (math.log10(lr) + 0.7))) + (20 * (lr - 0.3) if lr > 0.3 else 0)
+              for lr in lrs]
+    assert 0.1 < steepest(lrs, losses) < 0.3
+    lowest = lrs[losses.index(min(losses))]
+    assert math.isclose(suggest(lrs, losses), lowest / 10)
 
 
 def test_range_test_restores_model_optimizer_and_rng():
@@ -60,11 +71,13 @@ def test_warm_start_in_a_sweep(workdir: Path, mlflow_uri: str):
     spec = write_spec(workdir / "s.yaml", tracking={"experiment": "lr-finder"})
     args = ["search.lr_finder={enabled: true, steps: 40, policy: both, factor: 3.0}",
             "search.space.optimizer.args.lr={type: float, low: 1.0e-5, high: 1.0, log: true}",
+            "search.space.optimizer.plugin={type: categorical, choices: [adam, sgd]}",
             "search.n_trials=3", "--out", "out", "-q"]
     sweeper("run", str(spec), *args, check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     findings = summary["lr_finder"]["findings"]
-    assert [f["config"] for f in findings] == [{"model.args.hidden": 16}, {"model.args.hidden": 32}]
+    # one test per optimizer; model.args.hidden (a width) shares it
+    assert [f["config"] for f in findings] == [{"optimizer.plugin": "adam"}, {"optimizer.plugin": "sgd"}]
     suggestions = [f["suggestion"] for f in findings]
     assert all(s is not None for s in suggestions)
     # enqueue: the first trials run at the suggestions, other params at their base values
