@@ -47,6 +47,11 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions
 
 
+def saves_state(task: Task, epoch: int) -> bool:
+    """True if the trial's training state is saved to ``task.checkpoint`` after this epoch."""
+    return bool(task.checkpoint_every) and epoch % task.checkpoint_every == 0
+
+
 def reason_of(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
@@ -69,7 +74,7 @@ def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
 
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
-        if task.checkpoint_every and state["epoch"] % task.checkpoint_every == 0:
+        if saves_state(task, state["epoch"]):
             checkpoint.save(Path(task.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
 

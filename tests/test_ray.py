@@ -208,3 +208,67 @@ def test_remote_cluster_with_local_storage_is_refused(workdir: Path):
     assert "search.ray.storage_path: '/data/ray' is a path on this machine" in text
     assert "shared storage that every node reaches" in text
     assert "Traceback" not in proc.stderr
+
+
+def _ray_worker(pid: int) -> bool:
+    try:
+        return "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
+
+
+def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Path, mlflow_uri: str):
+    # ~1 s epochs, one trial at a time; search.ray.max_failures: 1 makes trials checkpoint every epoch
+    spec = ray_spec(workdir / "s.yaml", "ray-retry", n_trials=2, sampler="random", pruner={"type": "none"},
+                    ray={"num_cpus": 1, "max_concurrent_trials": 1, "max_failures": 1})
+    epochs = 6
+    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), "dataset.args.num_train=8192", "train.batch_size=16",
+           f"train.epochs={epochs}", "--out", "out", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    client = MlflowClient(mlflow_uri)
+    victim, deadline = None, time.time() + 240
+    try:
+        while victim is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            exp = client.get_experiment_by_name("ray-retry")
+            runs = client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'") if exp else []
+            # epoch 3 logged: the worker is past report(epoch 2), which stored epoch 2's checkpoint
+            if runs and runs[0].info.status == "RUNNING" and \
+                    len(client.get_metric_history(runs[0].info.run_id, "val_acc")) >= 3:
+                victim = runs[0]
+        assert victim is not None, "trial 0 never got to epoch 3 while the sweep ran"
+        pid = int(victim.data.tags["sweeper.pid"])
+        assert _ray_worker(pid), f"pid {pid} (tag sweeper.pid) is not a live Ray worker"
+        os.kill(pid, signal.SIGKILL)  # like a lost node: no clean-up in the worker
+        done_at_kill = len(client.get_metric_history(victim.info.run_id, "val_acc"))
+        assert done_at_kill < epochs, "trial 0 finished before the kill landed"
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output
+
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trial = summary["trials"][0]
+    assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
+    assert trial["epochs"] == epochs and len(trial["history"]) == epochs and trial["restarts"] == 1
+    assert trial["mlflow_run_id"] == victim.info.run_id  # the same MLflow run went on
+
+    run = client.get_run(victim.info.run_id)
+    resumed_from = int(run.data.tags["sweeper.resumed_from_epoch"])
+    assert run.info.status == "FINISHED" and run.data.tags["sweeper.restarts"] == "1"
+    assert 2 <= resumed_from <= done_at_kill and run.data.tags["sweeper.pid"] != str(pid)
+    logged = client.get_metric_history(run.info.run_id, "val_acc")
+    steps = [m.step for m in logged]
+    assert sorted(set(steps)) == list(range(1, epochs + 1))
+    # epochs 1..k were not trained again: each logged once; epoch k+1 twice at most (a kill between
+    # its log and its checkpoint), then with the same value (the resume is bitwise)
+    assert all(steps.count(e) == 1 for e in range(1, resumed_from + 1))
+    assert all(len({m.value for m in logged if m.step == e}) == 1 for e in set(steps))
+    assert [h["val_acc"] for h in trial["history"]] == [next(m.value for m in logged if m.step == e)
+                                                         for e in range(1, epochs + 1)]
+    assert len(children(client, summary["mlflow"]["parent_run_id"])) == 2  # no run for the retry
+
+    # the interrupted-and-resumed trial equals an uninterrupted one, every epoch, bitwise
+    replay = sweeper("replay", run.info.run_id)
+    assert replay.returncode == 0 and "bitwise" in replay.stdout, replay.stdout + replay.stderr
