@@ -81,6 +81,9 @@ class PrunerSpec(_Strict):
     # (lr, weight_decay, ...). Only optimizer.args.* and schedule.args.*: the rest of a trial
     # (model shape, data, batch size) must match the weights it takes over.
     mutations: list[str] | None = Field(default=None, description="pbt: search.space paths to mutate")
+    # pbt: every trial waits at each perturbation for the others (idle slots), so every round
+    # compares the whole population; false: a trial is compared with whoever reported so far
+    synch: bool = False
 
 
 class LRFinderSpec(_Strict):

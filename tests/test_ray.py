@@ -272,3 +272,62 @@ def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Pat
     # the interrupted-and-resumed trial equals an uninterrupted one, every epoch, bitwise
     replay = sweeper("replay", run.info.run_id)
     assert replay.returncode == 0 and "bitwise" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: Path, mlflow_uri: str):
+    space = {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+             "optimizer.args.weight_decay": {"type": "float", "low": 1.0e-6, "high": 1.0e-2, "log": True},
+             "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}
+    # a population of 4 side by side (half a CPU each), 8 epochs: perturbations at epochs 2, 4 and 6,
+    # synchronous: each round ranks all 4, so the last one always takes over the first one's state
+    spec = ray_spec(workdir / "s.yaml", "ray-pbt", n_trials=4, sampler="random", space=space,
+                    pruner={"type": "pbt", "perturbation_interval": 2, "synch": True}, resources={"cpu": 0.5})
+    epochs = 8
+    sweeper("run", str(spec), f"train.epochs={epochs}", "dataset.args.num_train=2048", "--out", "out", "-q",
+            check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trials = {t["number"]: t for t in summary["trials"]}
+    assert sorted(trials) == [0, 1, 2, 3]
+    for t in trials.values():  # every trial ran to the end; its value is its last epoch's
+        assert t["state"] == "complete" and t["epochs"] == epochs and len(t["history"]) == epochs, t
+        assert t["value"] == t["history"][-1]["val_acc"]
+    best = summary["best"]
+    assert best["value"] == max(t["value"] for t in trials.values()) and Path(best["checkpoint"]).is_file()
+    assert "error" not in summary["export"]["formats"][0]
+
+    exploited = [t for t in trials.values() if t.get("exploits")]
+    assert exploited, "no trial exploited another in 3 perturbation rounds"
+    client = MlflowClient(mlflow_uri)
+    for t in exploited:
+        exploit = t["exploits"][-1]
+        k, donor = exploit["epoch"], exploit["donor"]
+        assert exploit["params"] == t["params"] and 1 <= k < epochs
+
+        # Tune's own record of the trial since its last start (Tune rewrites result.json then): after
+        # the exploit it reported epochs after k, not from 1, as its iterations k+1, k+2, ...
+        rows = [json.loads(line) for line in next((workdir / "out" / "ray" / "smoke").glob(
+            f"trial-{t['number']:05d}-*/result.json")).read_text().splitlines()]
+        rows = [(r["epoch"], r["training_iteration"]) for r in rows if r["mlflow_run_id"] == t["mlflow_run_id"]]
+        assert rows and all(e > k and i == e for e, i in rows) and rows[-1][0] == epochs, rows
+
+        # MLflow: a new run tagged with its donor, epochs 1..k the donor's, then its own
+        run = client.get_run(t["mlflow_run_id"])
+        assert run.data.tags["sweeper.pbt_donor"] == str(donor) and run.data.tags["sweeper.pbt_epoch"] == str(k)
+        assert run.info.status == "FINISHED" and run.data.tags["sweeper.state"] == "complete"
+        logged = sorted(client.get_metric_history(run.info.run_id, "val_acc"), key=lambda m: m.step)
+        assert [m.step for m in logged] == list(range(1, epochs + 1))
+        assert [m.value for m in logged] == [h["val_acc"] for h in t["history"]]
+        donor_runs = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{donor}'")
+        donor_curves = [[m.value for m in sorted(client.get_metric_history(r.info.run_id, "val_acc"),
+                                                 key=lambda m: m.step) if m.step <= k] for r in donor_runs]
+        assert [m.value for m in logged[:k]] in donor_curves  # what the donor had logged by epoch k
+
+        # the trial's earlier run is closed as exploited; its lr changed mid-run
+        earlier = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{t['number']}' "
+                                                                 f"and tags.`sweeper.state` = 'exploited'")
+        assert earlier and all(r.info.status == "FINISHED" for r in earlier)
+        assert float(run.data.params["optimizer.args.lr"]) == exploit["params"]["optimizer.args.lr"]
+        assert {float(r.data.params["optimizer.args.lr"]) for r in earlier} != {exploit["params"]["optimizer.args.lr"]}
+
+    refused = sweeper("replay", exploited[0]["mlflow_run_id"])
+    assert refused.returncode == 2 and "a PBT exploit" in refused.stderr, refused.stderr

@@ -90,4 +90,4 @@ def _pbt(spec: SweepSpec) -> Any:
                 else tune.uniform(param.low, param.high)
     return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=p.perturbation_interval,
                                    quantile_fraction=p.quantile_fraction, hyperparam_mutations=mutations,
-                                   custom_explore_fn=ClipToSpace(bounds))
+                                   custom_explore_fn=ClipToSpace(bounds), synch=p.synch)

@@ -127,8 +127,10 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         tracker.end_trial(run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         if outcome.state != "complete":
             raise TrialError(outcome.reason)
+        last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
+        # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
         tune.report({**last, **ids, "sweeper_state": "complete", "seconds": outcome.info["seconds"],
-                     "device": outcome.info["device"]}, checkpoint=checkpoint(spec.train.epochs))
+                     "device": outcome.info["device"], "done": True}, checkpoint=checkpoint(spec.train.epochs))
 
 
 def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
