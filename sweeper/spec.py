@@ -73,10 +73,10 @@ class PrunerSpec(_Strict):
     min_epochs: int = Field(default=1, ge=1, description="no trial is stopped before this epoch")
     reduction_factor: int = Field(default=3, ge=2)  # asha/hyperband: keep 1/reduction_factor per rung
     startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
-    # pbt: epochs between exploit/explore decisions (and between a trial's checkpoints)
-    perturbation_interval: int = Field(default=2, ge=1, description="pbt: epochs between perturbations")
-    # pbt: the bottom fraction of the population copies the top fraction (Ray's default, 0.25)
-    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5, description="pbt: share copied / copying")
+    perturbation_interval: int = Field(default=2, ge=1, description="pbt: epochs between exploit/explore "
+                                       "decisions (and between a trial's checkpoints)")
+    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5, description="pbt: the bottom fraction of "
+                                     "the population copies the top fraction (Ray's default)")
     # pbt: search.space paths PBT mutates; default: the float parameters under optimizer.args.
     # (lr, weight_decay, ...). Only optimizer.args.* and schedule.args.*: the rest of a trial
     # (model shape, data, batch size) must match the weights it takes over.
@@ -184,9 +184,8 @@ class SearchSpec(_Strict):
 
     def _check_pbt(self) -> None:
         if self.sampler != "random":
-            raise ValueError(f"search.pruner.type: 'pbt' needs search.sampler: random (got "
-                             f"'{self.sampler}'): PBT picks new values itself by mutating trials, and Ray "
-                             f"Tune cannot combine it with a search algorithm such as Optuna's")
+            raise ValueError(f"search.pruner.type: 'pbt' needs search.sampler: random (got '{self.sampler}'): "
+                             f"PBT picks new values itself, and Ray Tune cannot combine it with Optuna's")
         mutations = self.pbt_mutations()
         if not mutations:
             raise ValueError("search.pruner.type: 'pbt' has nothing to mutate: search.space has no float "
