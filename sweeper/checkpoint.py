@@ -1,27 +1,48 @@
-"""Trial checkpoints: model + optimizer + scheduler + epoch, written atomically, read safely."""
+"""Trial checkpoints: a training state that continues bitwise where it stopped, written
+atomically and read with ``weights_only=True`` (tensors and plain containers only).
+
+A state holds model, optimizer, scheduler, epoch, the per-epoch history so far, the trainer's
+generators (batch order, augmentation), the grad scaler, the global RNGs (Python, NumPy, torch,
+CUDA when started) and the param groups' learning rates at the start of training (``base_lrs``).
+Pure PyTorch, like the trainer that captures and restores it.
+"""
 
 from __future__ import annotations
 
 import os
+import random
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+State = dict[str, Any]
 
-def save(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-         epoch: int, extra: dict[str, Any] | None = None) -> Path:
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a trainer starts instead of epoch 1."""
+
+    state: State
+    # False: the same trial again (a retry), everything restored. True: another trial's state with
+    # this trial's own hyperparameters (PBT's exploit): weights, per-parameter optimizer buffers,
+    # epoch and RNGs come from the state; the optimizer's settings and the LR schedule stay this
+    # trial's, the schedule brought to the state's step.
+    new_hyperparameters: bool = False
+
+
+def save(path: Path, state: State) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict() if scheduler is not None else None,
-             "epoch": epoch, **(extra or {})}
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a reader never sees half a file
     return path
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load(path: Path, map_location: str | torch.device = "cpu") -> State:
     """weights_only=True: tensors and plain containers only, no arbitrary code from the file."""
     return torch.load(path, map_location=map_location, weights_only=True)
 
@@ -29,3 +50,82 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 def trial_path(out_dir: Path, number: int) -> Path:
     """Where a sweep keeps trial ``number``'s checkpoint (the best trial's is kept for export)."""
     return out_dir / "checkpoints" / f"trial-{number:05d}.pt"
+
+
+def capture(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
+            generators: dict[str, torch.Generator], epoch: int, history: list[dict[str, float]],
+            base_lrs: list[float]) -> State:
+    """The training state after ``epoch`` (references to live tensors: save it before training on)."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "epoch": epoch, "history": [dict(h) for h in history], "base_lrs": list(base_lrs),
+            "scaler": scaler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
+            "rng": rng_state()}
+
+
+def restore(resume: Resume, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+            scaler: Any, generators: dict[str, torch.Generator]) -> list[float]:
+    """Load ``resume.state`` into freshly built parts; returns the base LRs to carry on with."""
+    state = resume.state
+    model.load_state_dict(state["model"])
+    base_lrs = list(state["base_lrs"])
+    if resume.new_hyperparameters:
+        base_lrs = _adopt(state, optimizer, scheduler)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"]:  # empty when saved by a disabled scaler (no fp16)
+        scaler.load_state_dict(state["scaler"])
+    for name, gen in generators.items():
+        gen.set_state(state["generators"][name].cpu())  # generator states are CPU byte tensors
+    set_rng_state(state["rng"])
+    return base_lrs
+
+
+def _adopt(state: State, optimizer: torch.optim.Optimizer, scheduler: Any) -> list[float]:
+    """Per-parameter buffers (momentum, Adam moments, step counts) from the state, settings (lr,
+    weight decay, ...) from this optimizer; the schedule at the state's step."""
+    own = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
+    optimizer.load_state_dict(state["optimizer"])
+    donor_lrs = [g["lr"] for g in optimizer.param_groups]
+    for group, settings in zip(optimizer.param_groups, own):
+        group.update(settings)
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        # its progress is counters plus the LR cuts so far: keep the counters, apply the same cut
+        for key in ("best", "num_bad_epochs", "cooldown_counter", "last_epoch"):
+            setattr(scheduler, key, state["scheduler"][key])
+        for group, base, donor, donor_base, floor in zip(optimizer.param_groups, base_lrs, donor_lrs,
+                                                         state["base_lrs"], scheduler.min_lrs):
+            group["lr"] = max(floor, base * donor / donor_base)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    elif scheduler is not None:
+        # Schedules own the LR (one-cycle, cosine, step: the new lr is their new peak/base): replay
+        # this schedule's steps up to the state's, so it continues from the same point of its curve.
+        with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            for _ in range(state["scheduler"]["last_epoch"] - scheduler.last_epoch):
+                scheduler.step()
+    return base_lrs
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch (and CUDA, when started) RNG states as tensors and plain lists, which
+    a ``weights_only`` load accepts (NumPy's state holds an ndarray, Python's a tuple)."""
+    version, words, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(words), gauss],
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

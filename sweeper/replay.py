@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sweeper import resolve
+from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.tracking import TAG, trial_record
 from sweeper.workers import Task, execute
@@ -38,8 +39,12 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
     client = MlflowClient(tracking_uri)
     run, record = trial_record(run_id, tracking_uri)
     tags = run.data.tags
+    if f"{TAG}pbt_donor" in tags:
+        raise UserError(f"run {run_id} continued from trial {tags[f'{TAG}pbt_donor']}'s checkpoint (a PBT "
+                        f"exploit): replay trains from epoch 1 and cannot reproduce it; replay the trials "
+                        f"of its lineage instead")
     spec = SweepSpec.model_validate(record["spec"])
-    history = {key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+    history = {key: _by_epoch(client.get_metric_history(run_id, key))
                for key in run.data.metrics if key not in UNREPRODUCIBLE}
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
@@ -72,6 +77,13 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
             if not _same(old, new, report.tolerance):
                 report.mismatches.append((epoch, metric, old, new))
     return report
+
+
+def _by_epoch(metrics: list) -> list[float]:
+    """One value per epoch (step), the last logged: a worker killed between logging an epoch and
+    checkpointing it logs that epoch again when its trial resumes."""
+    values = {m.step: m.value for m in sorted(metrics, key=lambda m: (m.step, m.timestamp))}
+    return [values[step] for step in sorted(values)]
 
 
 def _same(a: float, b: float, rtol: float) -> bool:

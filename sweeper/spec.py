@@ -64,10 +64,26 @@ class TrainSpec(_Strict):
 
 
 class PrunerSpec(_Strict):
-    type: Literal["none", "median", "asha", "hyperband"] = "none"
+    """Early stopping (none/median/asha/hyperband), or Population Based Training (pbt, backend ray
+    with sampler random): every perturbation_interval epochs, trials in the bottom quantile take
+    the weights, optimizer state and epoch of a top-quantile trial and go on with its
+    hyperparameters mutated (resampled from the search range, or scaled by 0.8/1.2)."""
+
+    type: Literal["none", "median", "asha", "hyperband", "pbt"] = "none"
     min_epochs: int = Field(default=1, ge=1, description="no trial is stopped before this epoch")
     reduction_factor: int = Field(default=3, ge=2)  # asha/hyperband: keep 1/reduction_factor per rung
     startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
+    perturbation_interval: int = Field(default=2, ge=1, description="pbt: epochs between exploit/explore "
+                                       "decisions (and between a trial's checkpoints)")
+    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5, description="pbt: the bottom fraction of "
+                                     "the population copies the top fraction (Ray's default)")
+    # pbt: search.space paths PBT mutates; default: the float parameters under optimizer.args.
+    # (lr, weight_decay, ...). Only optimizer.args.* and schedule.args.*: the rest of a trial
+    # (model shape, data, batch size) must match the weights it takes over.
+    mutations: list[str] | None = Field(default=None, description="pbt: search.space paths to mutate")
+    # pbt: every trial waits at each perturbation for the others (idle slots), so every round
+    # compares the whole population; false: a trial is compared with whoever reported so far
+    synch: bool = False
 
 
 class LRFinderSpec(_Strict):
@@ -146,6 +162,8 @@ class SearchSpec(_Strict):
         if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam):
             raise ValueError("lr_finder needs optimizer.args.lr in search.space as a float parameter")
         self._check_backend_options()
+        if self.pruner.type == "pbt":
+            self._check_pbt()
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
                              f"idle; raise search.batch_size, or set search.reproducible: false")
@@ -156,6 +174,31 @@ class SearchSpec(_Strict):
             raise ValueError("set n_trials, timeout, or both: the sweep needs a budget")
         return self
 
+
+    def pbt_mutations(self) -> list[str]:
+        """The search.space paths PBT mutates (search.pruner.mutations, or its default)."""
+        if self.pruner.mutations is not None:
+            return list(self.pruner.mutations)
+        return [p for p, param in self.space.items()
+                if p.startswith("optimizer.args.") and isinstance(param, sp.FloatParam)]
+
+    def _check_pbt(self) -> None:
+        if self.sampler != "random":
+            raise ValueError(f"search.pruner.type: 'pbt' needs search.sampler: random (got '{self.sampler}'): "
+                             f"PBT picks new values itself, and Ray Tune cannot combine it with Optuna's")
+        mutations = self.pbt_mutations()
+        if not mutations:
+            raise ValueError("search.pruner.type: 'pbt' has nothing to mutate: search.space has no float "
+                             "parameter under optimizer.args. (e.g. optimizer.args.lr); add one, or list "
+                             "search.pruner.mutations")
+        for path in mutations:
+            if path not in self.space:
+                raise ValueError(f"search.pruner.mutations: '{path}' is not a search.space parameter; "
+                                 f"expected one of: {', '.join(self.space)}")
+            if not path.startswith(("optimizer.args.", "schedule.args.")):
+                raise ValueError(f"search.pruner.mutations: '{path}' cannot change mid-training (a trial "
+                                 f"takes over another's weights); expected optimizer.args.* or "
+                                 f"schedule.args.* paths")
 
     def _check_backend_options(self) -> None:
         """Options the chosen backend would silently ignore are errors. Compared with their
@@ -168,6 +211,9 @@ class SearchSpec(_Strict):
                 raise ValueError(f"search.{given[0]} is an Optuna backend option and backend is 'ray'; "
                                  f"use {OPTUNA_ONLY[given[0]]}")
         else:
+            if self.pruner.type == "pbt":
+                raise ValueError(f"search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is "
+                                 f"'{self.backend}'; set search.backend: ray and search.sampler: random")
             given = [k for k in ("ray", "resources") if getattr(self, k) != defaults[k].get_default()]
             if given:
                 raise ValueError(f"search.{given[0]} configures the Ray backend, but backend is "

@@ -128,14 +128,36 @@ class Tracker:
                                 tags={"git_rev": git_rev, "sweep_seed": str(sweep_seed),
                                       "plugins": json.dumps(plugins), **(tags or {})})
 
-    def open_trials(self, parent_id: str | None) -> list[str]:
-        """Run ids of the sweep's trial runs still marked RUNNING."""
+    def open_trials(self, parent_id: str | None, tags: dict[str, str] | None = None) -> list[str]:
+        """Run ids of the sweep's trial runs still marked RUNNING (with these sweeper tags, if given)."""
         if parent_id is None:
             return []
         exp = self._client.get_run(parent_id).info.experiment_id
+        having = "".join(f" and tags.`{TAG}{k}` = '{v}'" for k, v in (tags or {}).items())
         runs = self._client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}' "
-                                                             f"and attributes.status = 'RUNNING'")
+                                                             f"and attributes.status = 'RUNNING'{having}")
         return [r.info.run_id for r in runs]
+
+    def reopen_trial(self, run_id: str | None, tags: dict[str, str]) -> None:
+        """A trial run goes on (its trial resumed from its checkpoint): RUNNING again, tagged."""
+        if run_id is None:
+            return
+        from mlflow.entities import RunTag
+
+        self._client.update_run(run_id, status="RUNNING")
+        self._client.log_batch(run_id, tags=[RunTag(f"{TAG}{k}", v) for k, v in tags.items()])
+
+    def log_history(self, run_id: str | None, history: list[dict[str, float]]) -> None:
+        """Epochs 1..len(history) at once (a PBT trial's inherited start), within MLflow's
+        1,000 metrics per batch."""
+        if run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, epoch) for epoch, h in enumerate(history, 1) for k, v in h.items()]
+        for i in range(0, len(metrics), 1000):
+            self._client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
     def log_epoch(self, run_id: str | None, epoch: int, metrics: dict[str, float]) -> None:
         if run_id is None:

@@ -1,5 +1,6 @@
 """Fit one model: pure PyTorch. No optuna, ray or mlflow here: progress leaves through the
-``report(epoch, metrics)`` callable, which may raise ``TrialPruned``."""
+``report(epoch, metrics)`` callable, which may raise ``TrialPruned``; the training state leaves
+through ``on_epoch_end(state)`` and comes back as ``resume`` (see sweeper/checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from sweeper import checkpoint
 from sweeper.data import eval_batches, train_batches
 from sweeper.errors import TrialFailed
 from sweeper.plugin import DataSplits
 from sweeper.spec import TrainSpec
 
 Report = Callable[[int, dict[str, float]], None]
+# on_epoch_end(state): the training state after an epoch, before that epoch's report
+OnEpochEnd = Callable[[checkpoint.State], None]
 # Checking the loss for NaN/Inf forces a GPU sync; on CUDA do it every this many optimizer steps.
 FINITE_CHECK_EVERY = 25
 
@@ -83,15 +87,23 @@ class Stepper:
 
 
 def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data: DataSplits,
-        train: TrainSpec, *, seed: int, report: Report) -> list[dict[str, float]]:
-    """Train for ``train.epochs`` epochs; returns the per-epoch metrics (also sent to ``report``)."""
+        train: TrainSpec, *, seed: int, report: Report, resume: checkpoint.Resume | None = None,
+        on_epoch_end: OnEpochEnd | None = None) -> list[dict[str, float]]:
+    """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
+    per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``)."""
     stepper = Stepper(model, optimizer, data, train, seed)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     order_gen = torch.Generator().manual_seed(seed)  # batch order
+    generators = {"order": order_gen, "augment": stepper.augment_gen}
     history: list[dict[str, float]] = []
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    if resume is not None:
+        base_lrs = checkpoint.restore(resume, model=model, optimizer=optimizer, scheduler=scheduler,
+                                      scaler=stepper.scaler, generators=generators)
+        history = [dict(h) for h in resume.state["history"]]
 
-    for epoch in range(1, train.epochs + 1):
+    for epoch in range(resume.state["epoch"] + 1 if resume else 1, train.epochs + 1):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
@@ -125,6 +137,10 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         if device.type == "cuda":
             metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         history.append(metrics)
+        if on_epoch_end is not None:
+            on_epoch_end(checkpoint.capture(model=model, optimizer=optimizer, scheduler=scheduler,
+                                            scaler=stepper.scaler, generators=generators, epoch=epoch,
+                                            history=history, base_lrs=base_lrs))
         report(epoch, metrics)
     return history
 

@@ -11,11 +11,12 @@ import torch
 from torch import nn
 
 from sweeper import registry
+from sweeper.checkpoint import Resume
 from sweeper.data import steps_per_epoch
 from sweeper.plugin import DataSplits
 from sweeper.seeding import seed_everything
 from sweeper.spec import SweepSpec
-from sweeper.trainer import Report, fit
+from sweeper.trainer import OnEpochEnd, Report, fit
 
 
 @dataclass(frozen=True)
@@ -100,14 +101,16 @@ def build(config: TrialConfig, device: torch.device) -> TrialParts:
 
 
 def run_trial(config: TrialConfig, report: Report, device: torch.device, info: dict[str, Any] | None = None,
-              before_fit: Callable[[TrialParts], None] | None = None) -> TrainedTrial:
+              before_fit: Callable[[TrialParts], None] | None = None, resume: Resume | None = None,
+              on_epoch_end: OnEpochEnd | None = None) -> TrainedTrial:
     """Build and train; ``info`` (if given) receives the data fingerprint; ``before_fit`` runs on
-    the built parts just before training (e.g. an LR range test)."""
+    the built parts just before training (e.g. an LR range test); ``resume`` and ``on_epoch_end``
+    go to the trainer (continue from a saved state; hand out the state after each epoch)."""
     parts = build(config, device)
     if info is not None:
         info["data_fingerprint"] = parts.data_fingerprint
     if before_fit is not None:
         before_fit(parts)
     history = fit(parts.model, parts.optimizer, parts.scheduler, parts.data, config.spec.train,
-                  seed=config.seed, report=report)
+                  seed=config.seed, report=report, resume=resume, on_epoch_end=on_epoch_end)
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)

@@ -29,7 +29,12 @@ class Task:
     params: dict[str, Any]
     spec: dict[str, Any]  # the trial's resolved spec (plain data: it crosses processes)
     threads: int  # torch CPU threads for this trial
-    checkpoint: str  # where a completed trial's checkpoint goes
+    checkpoint: str  # where a completed trial's checkpoint (its final training state) goes
+    # epochs between training states saved to `checkpoint` while training (0: only the final one)
+    checkpoint_every: int = 0
+    resume: str | None = None  # a training state file to continue from instead of epoch 1
+    # resume from another trial's state with this task's hyperparameters (PBT; see checkpoint.Resume)
+    new_hyperparameters: bool = False
 
 
 @dataclass
@@ -40,6 +45,11 @@ class Outcome:
     reason: str | None = None
     error: str | None = None  # traceback, for the trial's MLflow run
     info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions
+
+
+def saves_state(task: Task, epoch: int) -> bool:
+    """True if the trial's training state is saved to ``task.checkpoint`` after this epoch."""
+    return bool(task.checkpoint_every) and epoch % task.checkpoint_every == 0
 
 
 def reason_of(exc: BaseException) -> str:
@@ -59,6 +69,14 @@ def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
 
     out = Outcome(task.number, "failed")
     started = time.perf_counter()
+    extra = {"trial": task.number, "params": task.params}
+    last: dict[str, Any] = {}  # the latest training state and the epoch last saved
+
+    def on_epoch_end(state: checkpoint.State) -> None:
+        last["state"] = state
+        if saves_state(task, state["epoch"]):
+            checkpoint.save(Path(task.checkpoint), {**state, **extra})
+            last["saved"] = state["epoch"]
 
     def report(epoch: int, metrics: dict[str, float]) -> None:
         out.history.append(metrics)
@@ -71,10 +89,15 @@ def execute(task: Task, decide: Decide, worker_index: int = 0) -> Outcome:
         device = resolve_device(spec.train.device, worker_index)
         out.info = {"device": str(device), "device_name": _device_name(device), "threads": task.threads,
                     "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
-        trained = run_trial(TrialConfig(task.number, task.seed, task.params, spec), report, device, out.info)
-        checkpoint.save(Path(task.checkpoint), model=trained.model, optimizer=trained.optimizer,
-                        scheduler=trained.scheduler, epoch=len(trained.history),
-                        extra={"trial": task.number, "params": task.params})
+        resume = None
+        if task.resume is not None:
+            resume = checkpoint.Resume(checkpoint.load(Path(task.resume), device), task.new_hyperparameters)
+            out.history = [dict(h) for h in resume.state["history"]]
+            last["state"] = resume.state
+        run_trial(TrialConfig(task.number, task.seed, task.params, spec), report, device, out.info,
+                  resume=resume, on_epoch_end=on_epoch_end)
+        if last.get("saved") != last["state"]["epoch"]:
+            checkpoint.save(Path(task.checkpoint), {**last["state"], **extra})
         out.state = "complete"
     except TrialPruned as exc:
         out.state, out.reason = "pruned", str(exc)

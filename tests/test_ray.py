@@ -208,3 +208,126 @@ def test_remote_cluster_with_local_storage_is_refused(workdir: Path):
     assert "search.ray.storage_path: '/data/ray' is a path on this machine" in text
     assert "shared storage that every node reaches" in text
     assert "Traceback" not in proc.stderr
+
+
+def _ray_worker(pid: int) -> bool:
+    try:
+        return "ray::" in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
+
+
+def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Path, mlflow_uri: str):
+    # ~1 s epochs, one trial at a time; search.ray.max_failures: 1 makes trials checkpoint every epoch
+    spec = ray_spec(workdir / "s.yaml", "ray-retry", n_trials=2, sampler="random", pruner={"type": "none"},
+                    ray={"num_cpus": 1, "max_concurrent_trials": 1, "max_failures": 1})
+    epochs = 6
+    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), "dataset.args.num_train=8192", "train.batch_size=16",
+           f"train.epochs={epochs}", "--out", "out", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    client = MlflowClient(mlflow_uri)
+    victim, deadline = None, time.time() + 240
+    try:
+        while victim is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            exp = client.get_experiment_by_name("ray-retry")
+            runs = client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'") if exp else []
+            # epoch 3 logged: the worker is past report(epoch 2), which stored epoch 2's checkpoint
+            if runs and runs[0].info.status == "RUNNING" and \
+                    len(client.get_metric_history(runs[0].info.run_id, "val_acc")) >= 3:
+                victim = runs[0]
+        assert victim is not None, "trial 0 never got to epoch 3 while the sweep ran"
+        pid = int(victim.data.tags["sweeper.pid"])
+        assert _ray_worker(pid), f"pid {pid} (tag sweeper.pid) is not a live Ray worker"
+        os.kill(pid, signal.SIGKILL)  # like a lost node: no clean-up in the worker
+        done_at_kill = len(client.get_metric_history(victim.info.run_id, "val_acc"))
+        assert done_at_kill < epochs, "trial 0 finished before the kill landed"
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output
+
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trial = summary["trials"][0]
+    assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
+    assert trial["epochs"] == epochs and len(trial["history"]) == epochs and trial["restarts"] == 1
+    assert trial["mlflow_run_id"] == victim.info.run_id  # the same MLflow run went on
+
+    run = client.get_run(victim.info.run_id)
+    resumed_from = int(run.data.tags["sweeper.resumed_from_epoch"])
+    assert run.info.status == "FINISHED" and run.data.tags["sweeper.restarts"] == "1"
+    assert 2 <= resumed_from <= done_at_kill and run.data.tags["sweeper.pid"] != str(pid)
+    logged = client.get_metric_history(run.info.run_id, "val_acc")
+    steps = [m.step for m in logged]
+    assert sorted(set(steps)) == list(range(1, epochs + 1))
+    # epochs 1..k were not trained again: each logged once; epoch k+1 twice at most (a kill between
+    # its log and its checkpoint), then with the same value (the resume is bitwise)
+    assert all(steps.count(e) == 1 for e in range(1, resumed_from + 1))
+    assert all(len({m.value for m in logged if m.step == e}) == 1 for e in set(steps))
+    assert [h["val_acc"] for h in trial["history"]] == [next(m.value for m in logged if m.step == e)
+                                                         for e in range(1, epochs + 1)]
+    assert len(children(client, summary["mlflow"]["parent_run_id"])) == 2  # no run for the retry
+
+    # the interrupted-and-resumed trial equals an uninterrupted one, every epoch, bitwise
+    replay = sweeper("replay", run.info.run_id)
+    assert replay.returncode == 0 and "bitwise" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: Path, mlflow_uri: str):
+    space = {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+             "optimizer.args.weight_decay": {"type": "float", "low": 1.0e-6, "high": 1.0e-2, "log": True},
+             "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}
+    # a population of 4 side by side (half a CPU each), 8 epochs: perturbations at epochs 2, 4 and 6,
+    # synchronous: each round ranks all 4, so the last one always takes over the first one's state
+    spec = ray_spec(workdir / "s.yaml", "ray-pbt", n_trials=4, sampler="random", space=space,
+                    pruner={"type": "pbt", "perturbation_interval": 2, "synch": True}, resources={"cpu": 0.5})
+    epochs = 8
+    sweeper("run", str(spec), f"train.epochs={epochs}", "dataset.args.num_train=2048", "--out", "out", "-q",
+            check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    trials = {t["number"]: t for t in summary["trials"]}
+    assert sorted(trials) == [0, 1, 2, 3]
+    for t in trials.values():  # every trial ran to the end; its value is its last epoch's
+        assert t["state"] == "complete" and t["epochs"] == epochs and len(t["history"]) == epochs, t
+        assert t["value"] == t["history"][-1]["val_acc"]
+    best = summary["best"]
+    assert best["value"] == max(t["value"] for t in trials.values()) and Path(best["checkpoint"]).is_file()
+    assert "error" not in summary["export"]["formats"][0]
+
+    exploited = [t for t in trials.values() if t.get("exploits")]
+    assert exploited, "no trial exploited another in 3 perturbation rounds"
+    client = MlflowClient(mlflow_uri)
+    for t in exploited:
+        exploit = t["exploits"][-1]
+        k, donor = exploit["epoch"], exploit["donor"]
+        assert exploit["params"] == t["params"] and 1 <= k < epochs
+
+        # Tune's own record of the trial since its last start (Tune rewrites result.json then): after
+        # the exploit it reported epochs after k, not from 1, as its iterations k+1, k+2, ...
+        rows = [json.loads(line) for line in next((workdir / "out" / "ray" / "smoke").glob(
+            f"trial-{t['number']:05d}-*/result.json")).read_text().splitlines()]
+        rows = [(r["epoch"], r["training_iteration"]) for r in rows if r["mlflow_run_id"] == t["mlflow_run_id"]]
+        assert rows and all(e > k and i == e for e, i in rows) and rows[-1][0] == epochs, rows
+
+        # MLflow: a new run tagged with its donor, epochs 1..k the donor's, then its own
+        run = client.get_run(t["mlflow_run_id"])
+        assert run.data.tags["sweeper.pbt_donor"] == str(donor) and run.data.tags["sweeper.pbt_epoch"] == str(k)
+        assert run.info.status == "FINISHED" and run.data.tags["sweeper.state"] == "complete"
+        logged = sorted(client.get_metric_history(run.info.run_id, "val_acc"), key=lambda m: m.step)
+        assert [m.step for m in logged] == list(range(1, epochs + 1))
+        assert [m.value for m in logged] == [h["val_acc"] for h in t["history"]]
+        donor_runs = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{donor}'")
+        donor_curves = [[m.value for m in sorted(client.get_metric_history(r.info.run_id, "val_acc"),
+                                                 key=lambda m: m.step) if m.step <= k] for r in donor_runs]
+        assert [m.value for m in logged[:k]] in donor_curves  # what the donor had logged by epoch k
+
+        # the trial's earlier run is closed as exploited; its lr changed mid-run
+        earlier = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{t['number']}' "
+                                                                 f"and tags.`sweeper.state` = 'exploited'")
+        assert earlier and all(r.info.status == "FINISHED" for r in earlier)
+        assert float(run.data.params["optimizer.args.lr"]) == exploit["params"]["optimizer.args.lr"]
+        assert {float(r.data.params["optimizer.args.lr"]) for r in earlier} != {exploit["params"]["optimizer.args.lr"]}
+
+    refused = sweeper("replay", exploited[0]["mlflow_run_id"])
+    assert refused.returncode == 2 and "a PBT exploit" in refused.stderr, refused.stderr

@@ -78,6 +78,10 @@ def test_with_values_applies_searched_values():
     (["train.epochs"], "override 'train.epochs': expected dotted.path=value"),
     (["train.epochs.max=3"], "'train.epochs' is a value, not a section"),
     (["train.epochs=[1"], "override train.epochs:1:3: invalid YAML"),
+    (["search.pruner.type=pbt"], "search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is 'optuna'"),
+    (["search.backend=ray", "search.pruner.type=pbt"], "search.pruner.type: 'pbt' needs search.sampler: random"),
+    (["search.backend=ray", "search.sampler=random", "search.pruner={type: pbt, mutations: [model.args.hidden]}"],
+     "search.pruner.mutations: 'model.args.hidden' cannot change mid-training"),
 ])
 def test_each_user_error_is_one_clear_message(overrides: list[str], expected: str):
     code, out = validate(str(SPACES / "smoke.yaml"), *overrides)

@@ -2,8 +2,8 @@
 
 Driver (this process): joins a Ray cluster or starts a local one, builds the searcher (Optuna's
 samplers through ``OptunaSearch``; random/grid through Ray's basic generator) and the scheduler
-(ASHA, Hyperband, median stopping), runs the Tuner or restores an interrupted one, and turns
-Tune's results into the same per-trial records as the Optuna backend.
+(backends/ray_schedulers.py), runs the Tuner or restores an interrupted one, and turns Tune's
+results into the same per-trial records as the Optuna backend.
 
 Workers (Ray actors) run backends/ray_trial.py. A trial Tune stops never returns from its
 ``report``, so the driver closes the MLflow runs of trials Tune stopped (state ``pruned``).
@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from sweeper import space as sp
-from sweeper.backends.ray_trial import NUMBER, Context, trainable, trial_number, trial_params
+from sweeper.backends.ray_schedulers import checkpoint_every, checkpoints_kept, make_scheduler
+from sweeper.backends.ray_trial import NUMBER, Context, read_meta, trainable, trial_number, trial_params
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker
@@ -29,7 +31,7 @@ STATE_FILE = "ray_sweep.json"  # in --out: the MLflow parent run a re-run resume
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "auto")
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
 OWN_KEYS = ("epoch", "done", "trial_id", "sweeper_number", "sweeper_state", "mlflow_run_id", "node_id",
-            "seconds", "device")
+            "seconds", "device", "should_checkpoint")
 EVENTS: Callable[[dict[str, Any]], None] | None = None  # the observer's event sink, set by run()
 
 
@@ -160,24 +162,6 @@ def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
     return BasicVariantGenerator(random_state=spec.seed), space
 
 
-def make_scheduler(spec: SweepSpec) -> Any:
-    """search.pruner as a Tune scheduler; epochs are Tune's training iterations."""
-    from ray.tune import schedulers as s
-
-    p, epochs = spec.search.pruner, spec.train.epochs
-    if p.type == "asha":
-        return s.ASHAScheduler(time_attr="training_iteration", max_t=epochs, grace_period=p.min_epochs,
-                               reduction_factor=p.reduction_factor)
-    if p.type == "hyperband":  # the asynchronous variant: Tune's HyperBand pauses trials
-        brackets = int(math.log(max(1, epochs / p.min_epochs), p.reduction_factor)) + 1
-        return s.AsyncHyperBandScheduler(time_attr="training_iteration", max_t=epochs, grace_period=p.min_epochs,
-                                         reduction_factor=p.reduction_factor, brackets=brackets)
-    if p.type == "median":
-        return s.MedianStoppingRule(time_attr="training_iteration", grace_period=p.min_epochs,
-                                    min_samples_required=max(1, p.startup_trials))
-    return s.FIFOScheduler()
-
-
 def record(spec: SweepSpec, number: int, config: dict[str, Any], last: dict[str, Any],
            history: list[dict[str, float]], error: Any = None) -> dict[str, Any]:
     """A trial as summary.json and the progress table show it (same keys as optuna.record)."""
@@ -267,6 +251,10 @@ def run(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Any) -> tupl
     # Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default;
     # a small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+    # With num_to_keep set, Tune also snapshots after a trial's checkpoints replace each other (so a
+    # restore never names a deleted one) and warns each time when epochs are short; the snapshot is
+    # a few kB here, and the warning would flood the sweep's output.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     _connect(spec, address)
     EVENTS = observer.event
     try:
@@ -287,7 +275,8 @@ def run(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Any) -> tupl
             observer.note(f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) restarted)")
         context = Context(spec.model_dump(mode="json"), _absolute_uri(tracker.uri), tracker.experiment, parent,
                           git_revision() or "unknown", threads_per_trial(spec),
-                          None if spec.search.sampler in ("random", "grid") else ob.sampler_seed(spec, 0))
+                          None if spec.search.sampler in ("random", "grid") else ob.sampler_seed(spec, 0),
+                          checkpoint_every(spec))
         resources = {"cpu": spec.search.resources.cpu, "gpu": spec.search.resources.gpu}
         fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
         searcher, param_space = make_searcher(spec)
@@ -297,6 +286,10 @@ def run(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Any) -> tupl
         else:
             tuner = tune.Tuner(fn, param_space=param_space, tune_config=_tune_config(spec, searcher),
                                run_config=_run_config(spec, storage))
+        if spec.search.pruner.type == "pbt":
+            # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
+            # which trial exploits which still depends on the order results arrive in.
+            random.seed(spec.seed)
         grid = tuner.fit()
         records = sorted((_result_record(spec, r) for r in grid), key=lambda r: r["number"])
         _close_runs(tracker, parent, records)
@@ -322,12 +315,19 @@ def _run_config(spec: SweepSpec, storage: str) -> Any:
     from ray import tune
 
     return tune.RunConfig(name=spec.name, storage_path=storage, verbose=0, callbacks=[_events_callback(spec)],
-                          failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures))
+                          failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
+                          checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)))
 
 
 def _result_record(spec: SweepSpec, result: Any) -> dict[str, Any]:
     number = int(Path(result.path).name.split("-")[1])  # see trial_dirname
-    return record(spec, number, result.config, result.metrics or {}, _history(result), result.error)
+    rec = record(spec, number, result.config, result.metrics or {}, _history(result), result.error)
+    meta = read_meta(result.checkpoint) if result.checkpoint else None
+    if meta and meta["epoch"] == rec["epochs"]:
+        # the trial's lineage: under PBT, the epochs before an exploit are the donor's
+        rec["history"] = meta["history"]
+        rec.update({k: meta[k] for k in ("restarts", "exploits") if meta[k]})
+    return rec
 
 
 def _close_runs(tracker: Tracker, parent: str | None, records: list[dict[str, Any]]) -> None:

@@ -4,10 +4,18 @@
 ``ray.tune.report`` is synchronous for function trainables: it returns only once the scheduler
 let the trial go on; a trial Tune stops never gets past it (Ray ends the thread), and the driver
 closes its MLflow run (see backends/ray.py). The trainer itself never imports ray.
+
+With ``checkpoint_every`` (search.ray.max_failures > 0, or PBT), every so many epochs the report
+carries the training state (model.pt, see sweeper/checkpoint.py) and meta.json. A trial that Tune
+starts with a checkpoint continues from it: its own (a retry after its worker died) in the same
+MLflow run, or a PBT donor's (an exploit) in a new run that starts with the donor's history.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +26,9 @@ from sweeper.spec import SweepSpec
 from sweeper.tracking import Tracker
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
+# Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),
+# its epoch, restarts, PBT exploits and the per-epoch history of its lineage.
+META = "meta.json"
 
 
 class TrialError(RuntimeError):
@@ -38,6 +49,7 @@ class Context:
     git_rev: str
     threads: int  # torch CPU threads per trial
     sampler_seed: int | None
+    checkpoint_every: int = 0  # epochs between reported checkpoints; 0: only the final one
 
 
 def trial_number(config: dict[str, Any], trial_id: str) -> int:
@@ -56,39 +68,104 @@ def trial_params(space: dict[str, sp.Param], config: dict[str, Any]) -> dict[str
     return chosen
 
 
+def read_meta(checkpoint: Any) -> dict[str, Any] | None:
+    """A Tune checkpoint's meta.json, read through its filesystem (a local path, s3://, ...)."""
+    try:
+        with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{META}") as f:
+            return json.loads(f.read())
+    except OSError:  # not there (pyarrow raises FileNotFoundError)
+        return None
+
+
 def trainable(config: dict[str, Any], context: Context) -> None:
-    """One Tune trial: the shared trial function, its epochs reported to Tune."""
+    """One Tune trial: the shared trial function, its epochs reported to Tune; it starts from
+    the checkpoint Tune hands it, if any (its own after a failure, a PBT donor's after an exploit)."""
     import ray
     from ray import tune
 
     from sweeper.seeding import trial_seed
-    from sweeper.workers import Task, execute
+    from sweeper.workers import Task, execute, saves_state
 
     base = SweepSpec.model_validate(context.spec)
-    number = trial_number(config, tune.get_context().get_trial_id())
+    trial_id = tune.get_context().get_trial_id()
+    number = trial_number(config, trial_id)
     params = trial_params(base.search.space, config)
     spec = base.with_values(params)
     node_id = ray.get_runtime_context().get_node_id()
     tracker = Tracker(context.tracking_uri, context.experiment)
     with tempfile.TemporaryDirectory(prefix="sweeper-trial-") as tmp:
-        task = Task(number, trial_seed(base.seed, number), params, spec.model_dump(mode="json"),
-                    context.threads, str(Path(tmp) / "model.pt"))
-        run_id = tracker.start_task(context.parent_run_id, task, base.seed, context.git_rev, context.sampler_seed,
-                                    tags={"ray_node_id": node_id, "ray_trial_id": tune.get_context().get_trial_id()})
+        out, start = Path(tmp) / "out", Path(tmp) / "start"  # what this trial reports; where it starts
+        out.mkdir()
+        previous = _fetch(tune.get_checkpoint(), start)
+        task = Task(number, trial_seed(base.seed, number), params, spec.model_dump(mode="json"), context.threads,
+                    str(out / "model.pt"), checkpoint_every=context.checkpoint_every,
+                    resume=str(start / "model.pt") if previous else None,
+                    new_hyperparameters=previous is not None and previous["trial_id"] != trial_id)
+        lineage = _open_run(tracker, context, task, previous, trial_id, {"ray_node_id": node_id})
+        run_id = lineage["mlflow_run_id"]
         ids = {"sweeper_number": number, "mlflow_run_id": run_id or "", "node_id": node_id}
         last: dict[str, Any] = {}
 
+        def checkpoint(epoch: int) -> Any:
+            """model.pt (saved by the worker at this epoch) and meta.json, as a Tune checkpoint."""
+            (out / META).write_text(json.dumps({**lineage, "epoch": epoch}))
+            return tune.Checkpoint.from_directory(out)  # report() copies it to Tune's storage
+
         def decide(_: int, epoch: int, metrics: dict[str, float]) -> bool:
+            # MLflow first: a trial Tune stops never returns from report(). A worker killed between
+            # the two logs this epoch again when it resumes (same values: the resume is bitwise).
             tracker.log_epoch(run_id, epoch, metrics)
+            lineage["history"].append(metrics)
             if epoch < spec.train.epochs:
-                tune.report({**metrics, "epoch": epoch, **ids})  # returns only if Tune lets it go on
+                tune.report({**metrics, "epoch": epoch, **ids},  # returns only if Tune lets it go on
+                            checkpoint=checkpoint(epoch) if saves_state(task, epoch) else None)
             else:
-                last.update(metrics, epoch=epoch)  # reported below, together with the checkpoint
+                last.update(metrics, epoch=epoch)  # reported below, together with the final checkpoint
             return False  # Tune stops trials itself (see the module docstring)
 
         outcome = execute(task, decide)
         tracker.end_trial(run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         if outcome.state != "complete":
             raise TrialError(outcome.reason)
+        last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
+        # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
         tune.report({**last, **ids, "sweeper_state": "complete", "seconds": outcome.info["seconds"],
-                     "device": outcome.info["device"]}, checkpoint=tune.Checkpoint.from_directory(tmp))
+                     "device": outcome.info["device"], "done": True}, checkpoint=checkpoint(spec.train.epochs))
+
+
+def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
+    """Copy the checkpoint Tune handed this trial to ``folder``; its meta.json, or None."""
+    if checkpoint is None:
+        return None
+    checkpoint.to_directory(str(folder))
+    meta = folder / META
+    return json.loads(meta.read_text()) if meta.exists() else None
+
+
+def _open_run(tracker: Tracker, context: Context, task: Any, previous: dict[str, Any] | None, trial_id: str,
+              tags: dict[str, str]) -> dict[str, Any]:
+    """The trial's MLflow run and lineage: a new run; the same run again when the trial resumes
+    from its own checkpoint; a new run that starts with the donor's history after a PBT exploit."""
+    tags = {**tags, "ray_trial_id": trial_id, "pid": str(os.getpid())}  # pid: the process to look at
+    lineage: dict[str, Any] = {"trial_id": trial_id, "number": task.number, "params": task.params,
+                               "restarts": 0, "exploits": [], "history": []}
+    start = functools.partial(tracker.start_task, context.parent_run_id, task, SweepSpec.model_validate(
+        context.spec).seed, context.git_rev, context.sampler_seed)
+    if previous is None:
+        run_id = start(tags=tags)
+    elif previous["trial_id"] == trial_id:  # after its worker died (or a PBT pause): the same run goes on
+        run_id = previous["mlflow_run_id"] or None
+        lineage.update(restarts=previous["restarts"] + 1, exploits=previous["exploits"], history=previous["history"])
+        tracker.reopen_trial(run_id, {**tags, "restarts": str(lineage["restarts"]),
+                                      "resumed_from_epoch": str(previous["epoch"])})
+    else:  # a PBT exploit: the donor's state with this trial's new hyperparameters, in a new run
+        for old in tracker.open_trials(context.parent_run_id, {"ray_trial_id": trial_id}):
+            tracker.end_trial(old, "exploited", f"PBT: continued in a new run from trial {previous['number']}'s "
+                                                f"checkpoint of epoch {previous['epoch']}, with new hyperparameters")
+        exploit = {"epoch": previous["epoch"], "donor": previous["number"], "params": task.params}
+        lineage.update(exploits=[*previous["exploits"], exploit], history=previous["history"])
+        run_id = start(tags={**tags, "pbt_donor": str(previous["number"]), "pbt_donor_trial_id": previous["trial_id"],
+                             "pbt_epoch": str(previous["epoch"])}, extra={"pbt": lineage["exploits"]})
+        tracker.log_history(run_id, previous["history"])  # epochs 1..epoch: the donor's lineage
+    lineage["mlflow_run_id"] = run_id
+    return lineage
