@@ -167,6 +167,21 @@ def test_init_copies_a_shipped_search_space(site: Path, workdir: Path):
     assert again.returncode == 2 and "quick.yaml already exists" in again.stderr
     sweeper("init", "--from", "tiny", "--out", "other/spec.yaml", check=True)
     assert (workdir / "other" / "spec.yaml").read_text().endswith(smoke)
-    none = sweeper("init", "--from", "mlp")
-    assert none.returncode == 2 and "plugin 'mlp' (from sweeper) ships no search space" in none.stderr
+    several = sweeper("init", "--from", "mlp")  # sweeper itself ships digits, cifar and smoke
+    assert several.returncode == 2 and "'mlp' comes from sweeper, which ships several search spaces: " \
+        "sweeper:cifar, sweeper:digits, sweeper:smoke" in several.stderr
+    make_dist(site, "bare-plugin", "1.0", {"sweeper.models": {"bare": "bare_models:bare"}},
+              {"bare_models.py": MODEL.format(api=1, name="bare", doc="")})
+    registry.refresh()
+    none = sweeper("init", "--from", "bare")
+    assert none.returncode == 2 and "plugin 'bare' (from bare-plugin) ships no search space" in none.stderr
     assert "spaces-plugin:quick" in none.stderr
+
+
+def test_init_copies_a_built_in_search_space(workdir: Path):
+    """The built-in search spaces register through the same group a third party uses (installed
+    as package data of sweeper_plugins.search_spaces) and come out as written."""
+    sweeper("init", "--from", "digits", "--out", "d.yaml", check=True)
+    shipped = (Path(__file__).parents[1] / "search_spaces" / "digits.yaml").read_text()
+    assert (workdir / "d.yaml").read_text().endswith(shipped)
+    sweeper("validate", "d.yaml", check=True)
