@@ -1,19 +1,18 @@
-"""The sweep spec: YAML -> validated, frozen pydantic models; dotted-path overrides; schema.
+"""The sweep spec: validated, frozen pydantic models, loaded from YAML (sweeper/spec_yaml.py); schema.
 
 Every default lives here, with its unit and reason.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sweeper import space as sp
 from sweeper.errors import UserError
+from sweeper.spec_yaml import apply_overrides, parse_yaml
 
 # Metrics the trainer reports each epoch; the objective must be one of them.
 METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
@@ -287,49 +286,6 @@ class SweepSpec(_Strict):
         else:
             workers = f"{search.parallel} worker(s)"
         return f"{trials}, timeout {timeout}, {workers}, pruner {search.pruner.type}"
-
-
-# --- YAML -----------------------------------------------------------------------------------
-
-class _Loader(yaml.SafeLoader):
-    """Safe loader that reads 1e-3 as a float (YAML 1.1 wants 1.0e-3; users write 1e-3)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(f"{where}: invalid YAML ({problem}); expected a mapping of spec sections.") from None
-
-
-def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    values = {}
-    for item in overrides:
-        path, eq, raw = item.partition("=")
-        if not eq or not path or " " in path:
-            raise UserError(f"override '{item}': expected dotted.path=value, e.g. train.epochs=3")
-        values[path] = parse_yaml(raw, f"override {path}") if raw else ""
-    tree = dict(tree)
-    for path in [p for p in values if p.startswith("search.space.")]:
-        key = path.removeprefix("search.space.")
-        space = (tree.get("search") or {}).get("space") or {}
-        if not any(key == k or key.startswith(k + ".") for k in space):
-            # a new search-space key: its dots belong to the key (a spec path), not to nesting
-            tree["search"] = {**(tree.get("search") or {}), "space": {**space, key: values.pop(path)}}
-    try:
-        return sp.apply(tree, values)
-    except ValueError as exc:
-        raise UserError(f"override: {exc}") from None
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> SweepSpec:

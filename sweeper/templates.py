@@ -54,10 +54,11 @@ def init(source: str, out: Path | None, force: bool = False) -> tuple[Path, regi
     """Copy a shipped search space into a new spec file (comments kept) and check that it
     validates; returns the path written and the template's provenance."""
     from sweeper import spec as spec_mod
+    from sweeper.spec_yaml import parse_yaml
 
     template = find(source)
     text = _text(template)
-    tree = spec_mod.parse_yaml(text, f"{template.qualified}.yaml")
+    tree = parse_yaml(text, f"{template.qualified}.yaml")
     if not isinstance(tree, dict):
         raise UserError(f"search space '{template.name}' ({template.where}) is not a mapping of spec sections.")
     spec_mod.validate(tree, f"search space '{template.name}' ({template.where})")
