@@ -91,7 +91,7 @@ def range_test(model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSpl
     elapsed = time.perf_counter() - start
     steep = steepest(lrs, losses)
     lowest = float(lrs[int(np.argmin(losses))]) if losses else None
-    return RangeTest(lrs, losses, suggest(lrs, losses), len(lrs), elapsed, stopped, steep, lowest)
+    return RangeTest(lrs, losses, _capped(steep, lowest), len(lrs), elapsed, stopped, steep, lowest)
 
 
 def smoothing(steps: int) -> float:
@@ -117,10 +117,11 @@ def steepest(lrs: list[float], losses: list[float]) -> float | None:
 def suggest(lrs: list[float], losses: list[float]) -> float | None:
     """The steepest descent, capped at a tenth of the LR of the lowest loss (see the module
     docstring for why); None without a clear descent."""
-    steep = steepest(lrs, losses)
-    if steep is None:
-        return None
-    return min(steep, float(lrs[int(np.argmin(losses))]) / MIN_LOSS_DIVISOR)
+    return _capped(steepest(lrs, losses), float(lrs[int(np.argmin(losses))]) if losses else None)
+
+
+def _capped(steep: float | None, lowest: float | None) -> float | None:
+    return None if steep is None or lowest is None else min(steep, lowest / MIN_LOSS_DIVISOR)
 
 
 def plot(result: RangeTest, path: Path, title: str = "") -> Path:

@@ -60,8 +60,9 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
     # curve that only falls has no informative steepest point. Suggestions are clipped later.
     low = settings.min_lr or min(lr_param.low if lr_param else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
     high = settings.max_lr or max(lr_param.high if lr_param else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
-    parts = build(TrialConfig(-1, spec.seed, config, spec.with_values(config)), device)
-    return range_test(parts.model, parts.optimizer, parts.data, spec.with_values(config).train,
+    configured = spec.with_values(config)
+    parts = build(TrialConfig(-1, spec.seed, config, configured), device)
+    return range_test(parts.model, parts.optimizer, parts.data, configured.train,
                       min_lr=low, max_lr=high, steps=settings.steps, seed=spec.seed)
 
 

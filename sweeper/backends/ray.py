@@ -220,8 +220,9 @@ def _events_callback(spec: SweepSpec) -> Any:
 
 
 def _history(result: Any) -> list[dict[str, float]]:
-    """The trainer's per-epoch metrics of one Tune result, one row per epoch (a trial restarted
-    after an interruption reports its first epochs again: the last report of an epoch wins)."""
+    """The trainer's per-epoch metrics of one Tune result, one row per epoch (the last report of
+    an epoch wins). Tune rewrites a trial's result files when it restarts, so after a restart this
+    holds only the epochs since; ``_result_record`` prefers the checkpoint's full history."""
     from ray.tune.result import AUTO_RESULT_KEYS
 
     frame = result.metrics_dataframe
