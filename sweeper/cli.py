@@ -43,10 +43,11 @@ def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
         out: Optional[Path] = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)")) -> None:
     """Run (or resume) a sweep."""
-    from sweeper import runner, spec as spec_mod
-    from sweeper.progress import QuietObserver, RichObserver
+    from sweeper.search import runner
+    from sweeper.spec import load
+    from sweeper.track.progress import QuietObserver, RichObserver
 
-    sweep = spec_mod.load(spec, overrides or [])
+    sweep = load(spec, overrides or [])
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -62,7 +63,7 @@ def submit(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
                                                                   "[default: /tmp/sweeper/runs/<name>]"),
            python: str = typer.Option(sys.executable, "--python", help="the head node's Python with sweeper installed")) -> None:
     """Submit the sweep (search.backend: ray) as a Ray job; print how to follow it."""
-    from sweeper.jobs import submit as submit_job
+    from sweeper.search.ray.submit import submit as submit_job
 
     job = submit_job(spec, overrides or [], address, out, python)
     typer.echo(f"submitted Ray job {job.job_id}; output on the head node: {job.out}\n"
@@ -77,13 +78,14 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
     """Check a spec and its plugins without training; print the resolved spec and budget."""
     import yaml
 
-    from sweeper import resolve, spec as spec_mod
+    from sweeper.pluginhost.binding import check_plugins, provenance
+    from sweeper.spec import load
 
-    sweep = spec_mod.load(spec, overrides or [])
-    resolve.check_plugins(sweep)
+    sweep = load(spec, overrides or [])
+    check_plugins(sweep)
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo(f"# budget: {sweep.budget()}")
-    typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in resolve.provenance(sweep).items())}")
+    typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
 
 
 @app.command("lr-find")
@@ -91,15 +93,14 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
 def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
             out: Optional[Path] = typer.Option(None, "--out", help="folder for the plot [default: runs/<name>]")) -> None:
     """Run the LR range test alone on the spec's base config; print the suggestion and the plot."""
-    from sweeper import resolve, runner, spec as spec_mod, warm_start
-    from sweeper.lr_finder import plot
-    from sweeper.seeding import configure_torch, threads_per_trial
-    from sweeper.trainer import resolve_device
+    from sweeper.pluginhost.binding import check_plugins
+    from sweeper.search import runner, warm_start
+    from sweeper.spec import load
+    from sweeper.trial.lr_finder import plot
 
-    sweep = spec_mod.load(spec, overrides or [])
-    resolve.check_plugins(sweep)
-    configure_torch(threads=threads_per_trial(sweep), deterministic=sweep.train.deterministic)
-    result = warm_start.find(sweep, {}, resolve_device(sweep.train.device))
+    sweep = load(spec, overrides or [])
+    check_plugins(sweep)
+    result = warm_start.find_alone(sweep)
     path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
     lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
     found = f"{result.suggestion:.4g}" if result.suggestion is not None else "none (no reliable signal)"
@@ -114,16 +115,14 @@ def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a nested run of a sweep)"),
            tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
     """Train a recorded trial again and check every per-epoch metric against its MLflow run."""
-    import os
-
     from rich.table import Table
 
-    from sweeper.progress import fmt
     from sweeper.replay import replay as replay_trial
-    from sweeper.tracking import DEFAULT_URI
+    from sweeper.track.mlflow import resolve_uri
+    from sweeper.track.progress import fmt
 
     out = Console(highlight=False)
-    report = replay_trial(run_id, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI)
+    report = replay_trial(run_id, resolve_uri(tracking_uri))
     for warning in report.warnings:
         out.print(f"[yellow]warning:[/] {warning}")
     how = "bitwise" if report.tolerance == 0 else f"within relative {report.tolerance:g}"
@@ -145,14 +144,12 @@ def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a comple
                out: Optional[Path] = typer.Option(None, "--out", help="[default: <sweep out>/export-trial-<N>]"),
                tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
     """Export a finished trial from its checkpoint; verify every file; write export.json."""
-    import os
-
     from sweeper.export.trial_run import export_trial, parse_formats
-    from sweeper.progress import print_export
-    from sweeper.tracking import DEFAULT_URI
+    from sweeper.track.mlflow import resolve_uri
+    from sweeper.track.progress import print_export
 
     names = parse_formats(formats)
-    report = export_trial(run_id, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI, names, out)
+    report = export_trial(run_id, resolve_uri(tracking_uri), names, out)
     print_export(Console(highlight=False), report)
     if any("error" in e for e in report["formats"]):
         raise typer.Exit(1)
@@ -201,7 +198,7 @@ def plugins(ctx: typer.Context, args: bool = ARGS) -> None:
 def _list_plugins(kind: Optional[str], with_args: bool) -> None:
     from rich.table import Table
 
-    from sweeper import registry
+    from sweeper.pluginhost import binding, registry
 
     shown = registry.list_plugins(kind)
     table = Table()
@@ -215,7 +212,7 @@ def _list_plugins(kind: Optional[str], with_args: bool) -> None:
         if with_args and p.kind != "search_spaces":
             try:
                 factory = registry.get(p.kind, p.qualified)
-                row.append(", ".join(f"{n}={d}" for n, d, _ in registry.describe_args(p.kind, factory)))
+                row.append(", ".join(f"{n}={d}" for n, d, _ in binding.describe_args(p.kind, factory)))
             except UserError as exc:  # one broken plugin must not hide the others
                 failures.append(str(exc))
                 row.append("[red]failed to import (see below)[/]")
@@ -247,25 +244,17 @@ for _kind in LISTED:
 def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:name'"),
          kind: Optional[str] = typer.Option(None, "--kind", help="only this kind (when a name has several)")) -> None:
     """Import one plugin and show where it comes from, its API version and its arguments."""
-    import difflib
     import inspect
 
     from rich.table import Table
 
-    from sweeper import PLUGIN_API_VERSION, registry
+    from sweeper import PLUGIN_API_VERSION
     from sweeper.plugin import INJECTED
+    from sweeper.pluginhost import binding, registry
 
     if kind is not None and kind not in LISTED:
         raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(LISTED)}")
-    pin, _, short = name.rpartition(":")
-    matches = [p for p in registry.list_plugins(kind) if p.name == short
-               and (not pin or registry.normalize(pin) == registry.normalize(p.distribution))]
-    if not matches:
-        names = sorted({p.name for p in registry.list_plugins(kind)})
-        close = difflib.get_close_matches(short, names, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise UserError(f"no {registry.singular(kind) + ' ' if kind else ''}plugin named '{name}'.{hint} "
-                        f"Installed: {', '.join(names) or 'none'}; run 'sweeper plugins'.")
+    matches = registry.matching(name, kind)
     out = Console(highlight=False, soft_wrap=True)
     for p in matches:
         out.print(f"[bold]{registry.singular(p.kind)} plugin '{p.name}'[/]")
@@ -283,7 +272,7 @@ def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:nam
             out.print(f"  about         {doc}")
         out.print(f"  set by sweeper: {', '.join(INJECTED[p.kind])}")
         table = Table("argument", "default", "type", title=None, box=None, padding=(0, 2))
-        for row in registry.describe_args(p.kind, factory):
+        for row in binding.describe_args(p.kind, factory):
             table.add_row(*row)
         out.print(table)
         out.print(f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>")
@@ -295,7 +284,7 @@ def init(source: str = typer.Option(..., "--from", help="a search space, or a pl
          out: Optional[Path] = typer.Option(None, "--out", "-o", help="spec to write [default: ./<name>.yaml]"),
          force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
     """Start a spec from a search space a plugin distribution ships."""
-    from sweeper.templates import init as init_spec
+    from sweeper.pluginhost.templates import init as init_spec
 
     path, template = init_spec(source, out, force)
     typer.echo(f"wrote {path} (search space '{template.name}' from {template.distribution} {template.version}); "

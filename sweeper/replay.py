@@ -1,4 +1,5 @@
-"""Replay one trial from its MLflow run and compare every per-epoch metric with the record."""
+"""Replay one trial from its MLflow run (its trial.json: see track/records.py) and compare every
+per-epoch metric with the record."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeper import resolve
 from sweeper.errors import UserError
-from sweeper.spec import SweepSpec
-from sweeper.tracking import TAG, trial_record
-from sweeper.workers import Task, execute
+from sweeper.pluginhost.binding import provenance
+from sweeper.track.mlflow import TAG, Tracker
+from sweeper.track.records import load_trial
+from sweeper.trial.build import TrialConfig
+from sweeper.trial.execute import execute
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
 UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
@@ -34,25 +36,23 @@ class ReplayReport:
 
 
 def replay(run_id: str, tracking_uri: str) -> ReplayReport:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    run, record = trial_record(run_id, tracking_uri)
+    tracker = Tracker(tracking_uri)
+    run, record = load_trial(tracker, run_id)
     tags = run.data.tags
     if f"{TAG}pbt_donor" in tags:
         raise UserError(f"run {run_id} continued from trial {tags[f'{TAG}pbt_donor']}'s checkpoint (a PBT "
                         f"exploit): replay trains from epoch 1 and cannot reproduce it; replay the trials "
                         f"of its lineage instead")
-    spec = SweepSpec.model_validate(record["spec"])
-    history = {key: _by_epoch(client.get_metric_history(run_id, key))
+    spec = record.spec
+    history = {key: _by_epoch(tracker.metric_history(run_id, key))
                for key in run.data.metrics if key not in UNREPRODUCIBLE}
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
-    report = ReplayReport(run_id, record["number"], epochs, GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0)
+    report = ReplayReport(run_id, record.number, epochs, GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0)
 
-    for kind_name, version in resolve.provenance(spec).items():
-        if record["plugins"].get(kind_name) != version:
-            report.warnings.append(f"plugin {kind_name}: recorded {record['plugins'].get(kind_name)}, "
+    for kind_name, version in provenance(spec).items():
+        if record.plugins.get(kind_name) != version:
+            report.warnings.append(f"plugin {kind_name}: recorded {record.plugins.get(kind_name)}, "
                                    f"installed {version}")
     recorded_state = tags.get(f"{TAG}state")
 
@@ -60,9 +60,9 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
         return recorded_state == "pruned" and epoch >= epochs  # stop where the original was stopped
 
     with tempfile.TemporaryDirectory() as tmp:
-        task = Task(record["number"], record["seed"], record["params"], record["spec"], record["threads"],
-                    str(Path(tmp) / "replay.pt"))
-        outcome = execute(task, decide)
+        config = TrialConfig(record.number, record.seed, record.params, spec, record.threads,
+                             str(Path(tmp) / "replay.pt"))
+        outcome = execute(config, decide)
     report.state = outcome.state
     if outcome.state == "failed" and recorded_state != "failed":
         report.warnings.append(f"the replay failed: {outcome.reason}")

@@ -24,8 +24,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from sweeper import registry
 from sweeper.plugin import DataSplits
+from sweeper.pluginhost import registry
+from sweeper.pluginhost.binding import bind_args
 
 
 class PluginExportWarning(UserWarning):
@@ -45,7 +46,7 @@ class CheckReport:
 def _start(kind: str, name: str, args: dict[str, Any] | None) -> tuple[Callable[..., Any], dict[str, Any], CheckReport]:
     args = dict(args or {})
     factory = registry.get(kind, name)  # import + API-version check
-    registry.bind_args(kind, name, args, f"{registry.singular(kind)}.args")
+    bind_args(kind, name, args, f"{registry.singular(kind)}.args")
     i = registry.info(kind, name)
     report = CheckReport(kind, name, i.distribution, i.version, passed=["entry point, API version, arguments"])
     return factory, args, report
@@ -127,7 +128,7 @@ def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> No
     with tempfile.TemporaryDirectory() as tmp:
         for fmt, write, load in (("TorchScript", formats.torchscript, _run_torchscript),
                                  ("ONNX", formats.onnx, _run_onnx)):
-            path = Path(tmp) / formats.FILES[fmt.lower()]
+            path = Path(tmp) / formats.FORMATS[fmt.lower()].file
             try:
                 write(model, x, path)
                 diff = float(np.abs(load(path, x) - expected).max())
@@ -157,7 +158,7 @@ def _run_onnx(path: Path, x: torch.Tensor):
 def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
     """Build the data set twice with ``seed``; check the DataSplits contract (dtypes, shapes,
     label range, finite inputs), determinism, and the batch augmentation if it has one."""
-    from sweeper.trial import dataset_args
+    from sweeper.trial.build import dataset_args
 
     factory, args, report = _start("datasets", name, args)
     data = factory(**dataset_args(factory, args, seed))

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SPACES = REPO / "search_spaces"
+# Metrics that measure the machine, not the training: left out of bitwise comparisons.
+TIMING = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +68,7 @@ def make_dist(site: Path, name: str, version: str, entry_points: dict[str, dict[
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A folder for made-up distributions, on sys.path here and on PYTHONPATH for the CLI;
     the registry forgets them afterwards."""
-    from sweeper import registry
+    from sweeper.pluginhost import registry
 
     folder = tmp_path / "site"
     folder.mkdir()
@@ -75,3 +79,38 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     for name in [m for m, mod in sys.modules.items() if str(getattr(mod, "__file__", "")).startswith(str(folder))]:
         del sys.modules[name]
     registry.refresh()
+
+
+def learned(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Per-epoch metrics without the timing ones: what must match bitwise between two runs."""
+    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+
+def config(*overrides: str, seed: int = 1, epochs: int | None = None):
+    """A TrialConfig of search_spaces/smoke.yaml with overrides (trial number 0)."""
+    from sweeper.spec import load
+    from sweeper.trial.build import TrialConfig
+
+    spec = load(SPACES / "smoke.yaml", [*([f"train.epochs={epochs}"] if epochs else []), *overrides])
+    return TrialConfig(number=0, seed=seed, params={}, spec=spec)
+
+
+def children(client, parent_id: str) -> list:
+    """The MLflow runs nested under ``parent_id``."""
+    exp = client.get_run(parent_id).info.experiment_id
+    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
+    """CIFAR-10's on-disk 'python version': pickled dicts of uint8 rows (3072 = 3x32x32) + labels."""
+    from sweeper_plugins.cifar import FOLDER, TRAIN_FILES
+
+    folder = root / FOLDER
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in (*TRAIN_FILES, "test_batch"):
+        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))

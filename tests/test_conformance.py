@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_dist
-from sweeper import registry
+from sweeper.pluginhost import registry
 from sweeper.testing import PluginExportWarning, check_dataset_plugin, check_model_plugin, check_optimizer_plugin
 
 BAD = '''

@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 from conftest import REPO
-from sweeper import registry
+from sweeper.pluginhost import registry
 
 EXAMPLE = REPO / "examples" / "sweeper-plugin-example"
 DIST = "sweeper-plugin-example"

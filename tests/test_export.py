@@ -42,9 +42,9 @@ assert not [m for m in sys.modules if m.startswith("sweeper")], "a consumer must
 
 
 def eager_model(out: Path, data: DataSplits) -> nn.Module:
-    from sweeper import checkpoint
     from sweeper.spec import SweepSpec
-    from sweeper.trial import build_model
+    from sweeper.trial import checkpoint
+    from sweeper.trial.build import build_model
 
     summary = json.loads((out / "summary.json").read_text())
     model = build_model(SweepSpec.model_validate(summary["spec"]).with_values(summary["best"]["params"]), data)

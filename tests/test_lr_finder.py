@@ -9,13 +9,12 @@ from pathlib import Path
 import torch
 from mlflow.tracking import MlflowClient
 
-from conftest import SPACES, sweeper, write_spec
+from conftest import SPACES, learned, sweeper, write_spec
 from sweeper import spec as spec_mod
-from sweeper.lr_finder import range_test, steepest, suggest
-from sweeper.trial import TrialConfig, run_trial
+from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial.lr_finder import range_test, steepest, suggest
 
 CPU = torch.device("cpu")
-TIMING = ("epoch_seconds", "samples_per_s")
 
 
 def test_suggestion_is_the_steepest_descent_and_none_without_signal():
@@ -52,14 +51,13 @@ def test_range_test_restores_model_optimizer_and_rng():
 
     with_finder = run_trial(cfg, lambda e, m: None, CPU, before_fit=finder)
     assert results[0].steps > 10  # it really trained (and changed weights) in between
-    strip = lambda h: [{k: v for k, v in m.items() if k not in TIMING} for m in h]  # noqa: E731
-    assert strip(with_finder.history) == strip(plain.history)
+    assert learned(with_finder.history) == learned(plain.history)
 
 
 def test_range_test_works_with_accumulation_and_stops_on_divergence():
     spec = spec_mod.load(SPACES / "smoke.yaml", ["optimizer.plugin=sgd", "optimizer.args={lr: 0.1}",
                                                   "train.accumulate=4"])
-    from sweeper.trial import build
+    from sweeper.trial.build import build
 
     parts = build(TrialConfig(0, 1, {}, spec), CPU)
     result = range_test(parts.model, parts.optimizer, parts.data, spec.train, min_lr=1e-4, max_lr=1e4, steps=100)

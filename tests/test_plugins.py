@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from sweeper import registry
-from sweeper_plugins.cifar import FOLDER, PAD, TRAIN_FILES, random_crop_flip
+from conftest import write_tiny_cifar
+from sweeper.pluginhost import registry
+from sweeper_plugins.cifar import PAD, random_crop_flip
 
 
 @pytest.mark.parametrize("name, args", [("mlp", {}), ("cnn", {}), ("resnet18", {"width": 8})])
@@ -37,19 +36,6 @@ def test_digits_is_real_and_split_by_seed():
     assert a.train_x.shape == (1438, 1, 8, 8) and a.val_x.shape == (359, 1, 8, 8) and a.num_classes == 10
     assert torch.equal(a.val_y, b.val_y) and not torch.equal(a.val_y, c.val_y)
     assert abs(a.train_x.mean().item()) < 1e-5  # standardised on the training split
-
-
-def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
-    """CIFAR-10's on-disk 'python version': pickled dicts of uint8 rows (3072 = 3x32x32) + labels."""
-    folder = root / FOLDER
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in (*TRAIN_FILES, "test_batch"):
-        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
 
 
 def test_cifar10_reads_the_on_disk_format(tmp_path: Path):

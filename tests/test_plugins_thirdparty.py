@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from conftest import make_dist, sweeper, write_spec
-from sweeper import PLUGIN_API_VERSION, registry
+from sweeper import PLUGIN_API_VERSION
+from sweeper.pluginhost import registry
 from sweeper.errors import UserError
 
 MODEL = '''

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import sweeper, write_spec
+from conftest import children, sweeper, write_spec
 from raycluster import LoopbackCluster
 
 
@@ -28,11 +28,6 @@ def ray_spec(path: Path, experiment: str, **search: object) -> Path:
                       "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}}
     return write_spec(path, train={"epochs": 2, "batch_size": 32}, tracking={"experiment": experiment},
                       search={**base, **search})
-
-
-def children(client: MlflowClient, parent_id: str) -> list:
-    exp = client.get_run(parent_id).info.experiment_id
-    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
 
 
 def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):

@@ -8,10 +8,11 @@ import sys
 import optuna
 import pytest
 
-from sweeper import registry
-from sweeper import space as sp
 from sweeper.errors import UserError
+from sweeper.pluginhost import registry
+from sweeper.pluginhost.binding import bind_args
 from sweeper.spec import SearchSpec
+from sweeper.spec import space as sp
 
 
 def test_builtins_register_through_entry_points():
@@ -26,7 +27,7 @@ def test_builtins_register_through_entry_points():
 
 
 def test_listing_imports_no_plugin():
-    code = ("import sys; from sweeper.registry import list_plugins; assert len(list_plugins()) >= 14; "
+    code = ("import sys; from sweeper.pluginhost.registry import list_plugins; assert len(list_plugins()) >= 14; "
             "print([m for m in sys.modules if m.startswith(('sweeper_plugins', 'torch'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -45,10 +46,10 @@ def test_qualified_name_pins_a_distribution():
 
 
 def test_bind_args_checks_signatures():
-    registry.bind_args("optimizers", "sgd", {"lr": 0.1, "momentum": 0.9}, "optimizer.args")
+    bind_args("optimizers", "sgd", {"lr": 0.1, "momentum": 0.9}, "optimizer.args")
     with pytest.raises(UserError, match="model.args.widht: model plugin 'resnet18' has no argument 'widht' "
                                         r"\(did you mean 'width'\?\); it accepts: width"):
-        registry.bind_args("models", "resnet18", {"widht": 3}, "model.args")
+        bind_args("models", "resnet18", {"widht": 3}, "model.args")
 
 
 def _space(**params) -> dict:

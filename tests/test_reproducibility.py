@@ -9,17 +9,15 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import sweeper, write_spec
+from conftest import learned, sweeper, write_spec
 
-TIMING = ("epoch_seconds", "samples_per_s")
 # 10 trials in batches of 4, median pruning from the second batch on
 ARGS = ["search.n_trials=10", "train.epochs=4", "search.pruner={type: median, min_epochs: 1, startup_trials: 2}"]
 
 
 def table(out: Path) -> list:
     trials = json.loads((out / "summary.json").read_text())["trials"]
-    return [(t["number"], t["state"], t["params"], t["value"], t["seed"],
-             [{k: v for k, v in h.items() if k not in TIMING} for h in t["history"]]) for t in trials]
+    return [(t["number"], t["state"], t["params"], t["value"], t["seed"], learned(t["history"])) for t in trials]
 
 
 @pytest.fixture(scope="module")

@@ -9,25 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SPACES
-from sweeper import checkpoint
-from sweeper import spec as spec_mod
-from sweeper.checkpoint import Resume
-from sweeper.trial import TrialConfig, run_trial
-from test_plugins import write_tiny_cifar
+from conftest import learned, write_tiny_cifar
+from conftest import config as smoke_config
+from sweeper.trial import checkpoint
+from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial.checkpoint import Resume
 
 CPU = torch.device("cpu")
-TIMING = ("epoch_seconds", "samples_per_s")
 EPOCHS, STOP = 4, 2  # train 4 epochs straight; or 2, save, rebuild, resume to 4
 
 
 def config(*overrides: str) -> TrialConfig:
-    spec = spec_mod.load(SPACES / "smoke.yaml", [f"train.epochs={EPOCHS}", *overrides])
-    return TrialConfig(number=0, seed=7, params={}, spec=spec)
-
-
-def learned(history: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+    return smoke_config(*overrides, seed=7, epochs=EPOCHS)
 
 
 def stopped_at(cfg: TrialConfig, path: Path, epoch: int = STOP) -> None:
@@ -115,7 +108,7 @@ def test_new_hyperparameters_carry_the_optimizer_buffers_not_its_settings(tmp_pa
     stopped_at(donor_cfg, path)
     donor = checkpoint.load(path)
     new_cfg = config("schedule.plugin=none", "optimizer.args={lr: 0.002, weight_decay: 0.01}")
-    from sweeper.trial import build
+    from sweeper.trial.build import build
 
     parts = build(new_cfg, CPU)
     checkpoint.restore(Resume(donor, new_hyperparameters=True), model=parts.model, optimizer=parts.optimizer,

@@ -14,12 +14,7 @@ import numpy as np
 import optuna
 from mlflow.tracking import MlflowClient
 
-from conftest import SPACES, sweeper, write_spec
-
-
-def children(client: MlflowClient, parent_id: str) -> list:
-    exp = client.get_run(parent_id).info.experiment_id
-    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'")
+from conftest import SPACES, children, sweeper, write_spec
 
 
 def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
@@ -62,9 +57,10 @@ def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
     assert best_run.data.tags["sweeper.trial"] == str(best["number"])
 
     # TorchScript: loads in a process that never imports sweeper and reproduces the val accuracy
+    from sweeper.trial.seeding import derive
     from sweeper_plugins.datasets import digits
 
-    data = digits(val_fraction=0.2, seed=0)
+    data = digits(val_fraction=0.2, seed=derive(0, "data"))  # the split the sweep (seed 0) trained on
     np.save(workdir / "x.npy", data.val_x.numpy())
     np.save(workdir / "y.npy", data.val_y.numpy())
     code = ("import sys, numpy as np, torch, warnings; warnings.simplefilter('ignore');"

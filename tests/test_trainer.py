@@ -5,22 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SPACES
-from sweeper import spec as spec_mod
+from conftest import config, learned
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.trial import TrialConfig, run_trial
+from sweeper.trial.build import run_trial
 
 CPU = torch.device("cpu")
-TIMING = ("epoch_seconds", "samples_per_s")
-
-
-def config(*overrides: str, seed: int = 1) -> TrialConfig:
-    spec = spec_mod.load(SPACES / "smoke.yaml", list(overrides))
-    return TrialConfig(number=0, seed=seed, params={}, spec=spec)
-
-
-def learned(history: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
 
 
 def test_same_seed_same_metrics_bitwise():
@@ -96,7 +85,7 @@ def test_bf16_autocast_runs_on_cpu():
 def test_deterministic_mode_switches_torch_to_deterministic_kernels():
     import os
 
-    from sweeper.seeding import configure_torch
+    from sweeper.trial.seeding import configure_torch
 
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # set on import, before CUDA starts
     try:

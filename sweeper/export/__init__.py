@@ -2,7 +2,8 @@
 
 formats.py writes the files, verify.py checks them from a process without sweeper,
 consumer.py is that process's (self-contained) code, publish.py registers the model in MLflow,
-trial_run.py exports a finished trial later from its MLflow run.
+trial_run.py exports a finished trial later from its MLflow run, predict.py runs a file
+(`sweeper predict`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ from sweeper.export.verify import ExportError
 from sweeper.plugin import DataSplits
 from sweeper.spec import ExportSpec
 
-__all__ = ["ExportError", "export_model", "FORMATS"]
+__all__ = ["ExportError", "export_model"]
 
-WRITERS: dict[str, Callable[[nn.Module, torch.Tensor, Path], dict[str, Any]]] = {
-    "torchscript": formats.torchscript, "pt2": formats.pt2, "onnx": formats.onnx}
-FORMATS = tuple(WRITERS)
 EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see formats.py)
 
 
@@ -44,11 +42,12 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
     with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
         ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
         for fmt in names or spec.formats:
-            entries.append(_one(fmt, lambda p, f=fmt: WRITERS[f](model, example, p), out_dir, ref, spec.atol))
+            entries.append(_one(fmt, lambda p, f=fmt: formats.FORMATS[f].write(model, example, p), out_dir, ref,
+                                spec.atol))
         onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
         if spec.quantize and onnx_ok:
-            src = out_dir / formats.FILES["onnx"]
-            entry = _one("onnx-int8", lambda p: formats.quantize_onnx(src, p), out_dir, ref, None)
+            src = out_dir / formats.FORMATS["onnx"].file
+            entry = _one(formats.QUANTIZED, lambda p: formats.quantize_onnx(src, p), out_dir, ref, None)
             if "error" not in entry:
                 entry["val_acc_change"] = entry["val_acc"] - ref.val_acc
                 side = Path(entry["path"] + ".json")  # the accuracy change, next to the file
@@ -74,7 +73,7 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
 def _one(fmt: str, write: Callable[[Path], dict[str, Any]], out_dir: Path, ref: verify.Reference,
          atol: float | None) -> dict[str, Any]:
     """Write one file and check it; failures become the entry's ``error``."""
-    path = out_dir / formats.FILES[fmt]
+    path = out_dir / formats.file_name(fmt)
     entry: dict[str, Any] = {"format": fmt, "path": str(path)}
     started = time.perf_counter()
     try:

@@ -12,14 +12,15 @@ import io
 import logging
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-FILES = {"torchscript": "model.torchscript.pt", "pt2": "model.pt2", "onnx": "model.onnx",
-         "onnx-int8": "model.int8.onnx"}
+from sweeper.spec import EXPORT_FORMATS
+
 # ONNX files are protobufs, capped at 2 GiB; below this many bytes of weights the model is
 # written as one self-contained file, above it the weights go to model.onnx.data.
 ONNX_SINGLE_FILE_BYTES = 1 << 30
@@ -115,3 +116,20 @@ def _quiet_onnx() -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
+
+
+@dataclass(frozen=True)
+class Format:
+    file: str  # its name in the output folder
+    write: Callable[[nn.Module, torch.Tensor, Path], dict[str, Any]]
+
+
+# Every format export.formats can name (sweeper.spec.EXPORT_FORMATS is the list of names).
+FORMATS = {"torchscript": Format("model.torchscript.pt", torchscript), "pt2": Format("model.pt2", pt2),
+           "onnx": Format("model.onnx", onnx)}
+assert tuple(FORMATS) == EXPORT_FORMATS, "export/formats.py and spec.EXPORT_FORMATS name the same formats"
+QUANTIZED, QUANTIZED_FILE = "onnx-int8", "model.int8.onnx"  # model.onnx quantized (export.quantize)
+
+
+def file_name(fmt: str) -> str:
+    return QUANTIZED_FILE if fmt == QUANTIZED else FORMATS[fmt].file

@@ -12,7 +12,8 @@ from torch import nn
 
 from sweeper.plugin import DataSplits
 from sweeper.spec import SweepSpec
-from sweeper.tracking import TAG
+from sweeper.spec.model import Objective
+from sweeper.track.mlflow import TAG
 
 ALIAS = "champion"
 EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dynamic
@@ -56,14 +57,14 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
             f"{TAG}objective_value": repr(float(value)), f"{TAG}sweep": spec.name}
     version = client.create_model_version(name, logged.model_uri, run_id=run_id, tags=tags,
                                           model_id=logged.model_id).version
-    moved, reason = _decide(client, name, objective.metric, objective.direction, float(value))
+    moved, reason = _decide(client, name, objective, float(value))
     if moved:
         client.set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
             "champion": moved, "reason": reason}
 
 
-def _decide(client: Any, name: str, metric: str, direction: str, value: float) -> tuple[bool, str]:
+def _decide(client: Any, name: str, objective: Objective, value: float) -> tuple[bool, str]:
     """(move the alias?, why), comparing ``value`` with the current champion's recorded objective."""
     from mlflow.exceptions import MlflowException
 
@@ -71,11 +72,11 @@ def _decide(client: Any, name: str, metric: str, direction: str, value: float) -
         current = client.get_model_version_by_alias(name, ALIAS)
     except MlflowException:
         return True, f"first {ALIAS} of '{name}'"
-    tags = current.tags
+    tags, metric = current.tags, objective.metric
     if tags.get(f"{TAG}objective_metric") != metric or f"{TAG}objective_value" not in tags:
         return False, (f"{ALIAS} is version {current.version}, whose objective is not {metric}: "
                        f"not comparable, alias left in place")
     best = float(tags[f"{TAG}objective_value"])
-    better = value > best if direction == "maximize" else value < best
+    better = objective.better(value, best)
     verb = "beats" if better else "does not beat"
     return better, f"{metric}={value:.6g} {verb} {ALIAS} version {current.version} ({metric}={best:.6g})"

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import UserError
-from sweeper.spec import EXPORT_FORMATS, SweepSpec
-from sweeper.tracking import TAG, trial_record
+from sweeper.spec import EXPORT_FORMATS
+from sweeper.track.mlflow import TAG, Tracker
+from sweeper.track.records import load_trial
+from sweeper.trial.build import rebuild
 
 
 def parse_formats(values: list[str] | None) -> list[str] | None:
@@ -25,29 +27,21 @@ def parse_formats(values: list[str] | None) -> list[str] | None:
 def export_trial(run_id: str, tracking_uri: str, formats: list[str] | None, out: Path | None) -> dict[str, Any]:
     """Rebuild the trial of MLflow run ``run_id`` from its checkpoint, export and verify it into
     ``out`` (default ``<sweep out>/export-trial-<N>``), log the files to that run under export/."""
-    from mlflow.tracking import MlflowClient
-
     from sweeper import export
-    from sweeper.runner import rebuild
 
-    run, record = trial_record(run_id, tracking_uri)
-    number, state = record["number"], run.data.tags.get(f"{TAG}state")
+    tracker = Tracker(tracking_uri)
+    run, record = load_trial(tracker, run_id)
+    number, state = record.number, run.data.tags.get(f"{TAG}state")
     if state != "complete":
         raise UserError(f"run {run_id} is trial {number}, which {state or 'has not finished'}: only a completed "
                         f"trial has a checkpoint to export")
-    if "checkpoint" not in record:
-        raise UserError(f"run {run_id}: its trial.json has no checkpoint path (recorded by an older sweeper); "
-                        f"export it from its sweep's checkpoints/ folder with a newer run")
-    checkpoint = Path(record["checkpoint"])
+    checkpoint = Path(record.checkpoint)
     if not checkpoint.exists():
         raise UserError(f"{checkpoint}: the checkpoint of trial {number} (run {run_id}) is gone; a sweep keeps "
                         f"only the best trial's checkpoint unless its spec sets export.keep_checkpoints: all")
-    spec = SweepSpec.model_validate(record["spec"])
-    out = out or Path(record["out_dir"]) / f"export-trial-{number}"
-    model, data = rebuild(spec, checkpoint)
+    out = out or Path(record.out_dir) / f"export-trial-{number}"
+    model, data = rebuild(record.spec, checkpoint)
     source = {"trial": number, "mlflow_run_id": run_id, "checkpoint": str(checkpoint)}
-    report = export.export_model(model, data, out, spec.export, names=formats, source=source)
-    client = MlflowClient(tracking_uri)
-    for path in export.artifacts(report):
-        client.log_artifact(run_id, str(path), "export")
+    report = export.export_model(model, data, out, record.spec.export, names=formats, source=source)
+    tracker.log_files(run_id, export.artifacts(report), "export")
     return report

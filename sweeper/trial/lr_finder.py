@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,10 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper.data import train_batches
 from sweeper.plugin import DataSplits
 from sweeper.spec import TrainSpec
-from sweeper.trainer import Stepper
+from sweeper.trial.batching import train_batches
+from sweeper.trial.checkpoint import rng_state, set_rng_state
+from sweeper.trial.trainer import Stepper
 
 MAX_SMOOTHING = 0.98  # weight of the running average of the loss (bias-corrected), long tests
 SMOOTHING_WINDOW = 0.1  # otherwise average over ~10% of the test's steps (0.9 at 100 steps)
@@ -159,9 +159,7 @@ def _forever(data: DataSplits, batch_size: int, generator: torch.Generator):
 
 def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "training": model.training, "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "random": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+            "training": model.training, "rng": rng_state()}
 
 
 def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
@@ -169,8 +167,4 @@ def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str
     optimizer.load_state_dict(saved["optimizer"])
     optimizer.zero_grad(set_to_none=True)
     model.train(saved["training"])
-    torch.set_rng_state(saved["torch"])
-    np.random.set_state(saved["numpy"])
-    random.setstate(saved["random"])
-    if saved["cuda"] is not None:
-        torch.cuda.set_rng_state_all(saved["cuda"])
+    set_rng_state(saved["rng"])

@@ -1,32 +1,43 @@
-"""One trial: seed, build dataset/model/optimizer/schedule from the plugins, train."""
+"""One trial's configuration, and building it: seed, then data set, model, optimizer and
+schedule from the plugins; training it; rebuilding a trained model from its checkpoint."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from sweeper import registry
-from sweeper.checkpoint import Resume
-from sweeper.data import steps_per_epoch
 from sweeper.plugin import DataSplits
-from sweeper.seeding import seed_everything
+from sweeper.pluginhost import registry
+from sweeper.pluginhost.binding import accepted_args
 from sweeper.spec import SweepSpec
-from sweeper.trainer import OnEpochEnd, Report, fit
+from sweeper.trial.batching import steps_per_epoch
+from sweeper.trial.checkpoint import Resume
+from sweeper.trial.seeding import derive, seed_everything
+from sweeper.trial.trainer import OnEpochEnd, Report, fit
 
 
 @dataclass(frozen=True)
 class TrialConfig:
-    """Everything a trial needs; ``spec`` already holds the sampled values."""
+    """Everything one trial needs, as frozen data that crosses processes (a worker process, a
+    Ray actor): who it is, its spec with the sampled values applied, and where its state goes."""
 
     number: int
     seed: int
-    params: dict[str, Any]
-    spec: SweepSpec
+    params: dict[str, Any]  # the sampled values, by dotted path
+    spec: SweepSpec  # the sweep's spec with ``params`` applied
+    threads: int | None = None  # torch CPU threads for this trial (None: leave them as they are)
+    checkpoint: str | None = None  # where a completed trial's final training state goes
+    # epochs between training states saved to `checkpoint` while training (0: only the final one)
+    checkpoint_every: int = 0
+    resume: str | None = None  # a training state file to continue from instead of epoch 1
+    # resume from another trial's state with this trial's hyperparameters (PBT; see checkpoint.Resume)
+    new_hyperparameters: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +47,17 @@ class TrainedTrial:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     data: DataSplits
+
+
+@dataclass(frozen=True, eq=False)
+class TrialParts:
+    """A trial's built pieces, before training."""
+
+    data: DataSplits
+    data_fingerprint: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
 
 
 # One data set per process, on its device: trials of a sweep share it (same plugin, args, seed).
@@ -54,15 +76,16 @@ def fingerprint(data: DataSplits) -> str:
 
 def dataset_args(factory: Any, args: dict[str, Any], seed: int) -> dict[str, Any]:
     """``args`` plus ``seed`` when the dataset factory accepts it (the contract's injection)."""
-    if "seed" in (registry.accepted_args(factory) or {"seed": None}):
+    if "seed" in (accepted_args(factory) or {"seed": None}):
         return {**args, "seed": seed}
     return dict(args)
 
 
 def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
-    """The dataset plugin's splits on ``device``, and their fingerprint."""
+    """The dataset plugin's splits on ``device``, and their fingerprint. The split's seed is the
+    sweep's "data" stream: the same for every trial of the sweep."""
     factory = registry.get("datasets", spec.dataset.plugin)
-    args = dataset_args(factory, spec.dataset.args, spec.seed)  # the sweep seed: same split every trial
+    args = dataset_args(factory, spec.dataset.args, derive(spec.seed, "data"))
     key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
     if key not in _data_cache:
         _data_cache.clear()
@@ -74,17 +97,6 @@ def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
 def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
     factory = registry.get("models", spec.model.plugin)
     return factory(input_shape=data.input_shape, num_classes=data.num_classes, **spec.model.args)
-
-
-@dataclass(frozen=True, eq=False)
-class TrialParts:
-    """A trial's built pieces, before training."""
-
-    data: DataSplits
-    data_fingerprint: str
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
 
 
 def build(config: TrialConfig, device: torch.device) -> TrialParts:
@@ -114,3 +126,13 @@ def run_trial(config: TrialConfig, report: Report, device: torch.device, info: d
     history = fit(parts.model, parts.optimizer, parts.scheduler, parts.data, config.spec.train,
                   seed=config.seed, report=report, resume=resume, on_epoch_end=on_epoch_end)
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)
+
+
+def rebuild(spec: SweepSpec, checkpoint_file: Path) -> tuple[nn.Module, DataSplits]:
+    """A trained model (on the CPU, eval mode) and its data, from the trial's spec and checkpoint."""
+    from sweeper.trial import checkpoint
+
+    data, _ = load_data(spec, torch.device("cpu"))
+    model = build_model(spec, data)
+    model.load_state_dict(checkpoint.load(checkpoint_file)["model"])
+    return model.eval(), data

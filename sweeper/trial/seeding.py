@@ -1,4 +1,9 @@
-"""Sweep seed -> trial seeds; seeding every RNG a trial touches."""
+"""Named seed streams derived from the sweep seed, and seeding every RNG a trial touches.
+
+Every seed sweeper uses comes from ``derive(sweep_seed, stream, index)``: a SeedSequence over
+(sweep seed, index) whose spawn key names the stream, so two streams never hand out the same
+seed (the sampler of the batch starting at trial n and trial n itself used to share one).
+"""
 
 from __future__ import annotations
 
@@ -15,11 +20,29 @@ import torch  # noqa: E402
 if TYPE_CHECKING:
     from sweeper.spec import SweepSpec
 
+# Each stream's fixed spawn key (never renumber one: recorded seeds would change meaning).
+STREAMS = {
+    "trial": 1,  # index: trial number -> model init, batch order, augmentation, dropout
+    "sampler": 2,  # index: first trial number of a proposed batch -> the search algorithm
+    "data": 3,  # index 0 -> the data set plugin's split (the same for every trial)
+    "sweep": 4,  # index 0 -> sweep-wide draws: LR range test, Ray's generator, PBT's exploits
+}
+
+
+def derive(sweep_seed: int, stream: str, index: int = 0) -> int:
+    """A well-mixed 32-bit seed for (stream, index) that depends only on the sweep seed
+    (not on worker, timing or order of completion)."""
+    sequence = np.random.SeedSequence([sweep_seed, index], spawn_key=(STREAMS[stream],))
+    return int(sequence.generate_state(1)[0])
+
 
 def trial_seed(sweep_seed: int, trial_number: int) -> int:
-    """A well-mixed 32-bit seed that depends only on the sweep seed and the trial number
-    (not on worker, timing or order of completion)."""
-    return int(np.random.SeedSequence([sweep_seed, trial_number]).generate_state(1)[0])
+    return derive(sweep_seed, "trial", trial_number)
+
+
+def sampler_seed(sweep_seed: int, first_number: int) -> int:
+    """The search algorithm's seed for the trials proposed from ``first_number`` on."""
+    return derive(sweep_seed, "sampler", first_number)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,19 +1,17 @@
-"""The sweep spec: validated, frozen pydantic models, loaded from YAML (sweeper/spec_yaml.py); schema.
+"""The sweep spec as validated, frozen pydantic models (loaded from YAML by spec/load.py).
 
 Every default lives here, with its unit and reason.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Iterable, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sweeper import space as sp
-from sweeper.errors import UserError
-from sweeper.spec_yaml import apply_overrides, parse_yaml
+from sweeper.spec import space as sp
 
+T = TypeVar("T")
 # Metrics the trainer reports each epoch; the objective must be one of them.
 METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
 # Sections the search space may address; the others configure the sweep itself.
@@ -38,6 +36,22 @@ class PluginRef(_Strict):
 class Objective(_Strict):
     metric: Literal[METRICS] = "val_acc"  # value of the last epoch is the trial's value
     direction: Literal["maximize", "minimize"] = "maximize"
+
+    def better(self, value: float, than: float | None) -> bool:
+        """True when ``value`` beats ``than`` in this direction (anything beats None); the one
+        place sweeper compares two objective values."""
+        if than is None:
+            return True
+        return value > than if self.direction == "maximize" else value < than
+
+    def best(self, items: Iterable[T], value: Callable[[T], float | None]) -> T | None:
+        """The item whose value is best (the first one on ties); items without a value are skipped."""
+        chosen: T | None = None
+        for item in items:
+            v = value(item)
+            if v is not None and (chosen is None or self.better(v, value(chosen))):
+                chosen = item
+        return chosen
 
 
 class TrainSpec(_Strict):
@@ -272,9 +286,7 @@ class SweepSpec(_Strict):
     def budget(self) -> str:
         n = self.search.n_trials
         if self.search.sampler == "grid":
-            size = 1
-            for path, param in self.search.space.items():
-                size *= len(sp.grid_values(path, param))
+            size = sp.grid_size(self.search.space)
             n = min(n or size, size)
         trials = f"{n} trials × ≤{self.train.epochs} epochs (≤{n * self.train.epochs} epochs)" if n else "no trial cap"
         timeout = f"{self.search.timeout:g} s" if self.search.timeout else "none"
@@ -286,72 +298,3 @@ class SweepSpec(_Strict):
         else:
             workers = f"{search.parallel} worker(s)"
         return f"{trials}, timeout {timeout}, {workers}, pruner {search.pruner.type}"
-
-
-def load(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
-    """Read, override and validate a spec; every problem becomes a UserError naming the path."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read the spec ({exc.strerror}); expected a YAML file such as "
-                        f"search_spaces/digits.yaml") from None
-    tree = parse_yaml(text, str(path))
-    if not isinstance(tree, dict):
-        raise UserError(f"{path}: expected a mapping of spec sections (name, dataset, model, ...), "
-                        f"got {type(tree).__name__}")
-    tree = apply_overrides(tree, list(overrides))
-    spec = validate(tree, str(path))
-    _check_space_types(spec, str(path))
-    return spec
-
-
-def validate(tree: dict[str, Any], source: str) -> SweepSpec:
-    try:
-        return SweepSpec.model_validate(tree)
-    except ValidationError as exc:
-        raise UserError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from None
-
-
-def _check_space_types(spec: SweepSpec, source: str) -> None:
-    """Each searched value must fit the field it addresses (e.g. train.batch_size is an int)."""
-    base = spec.model_dump()
-    for path, param in spec.search.space.items():
-        for value in sp.representatives(param):
-            try:
-                SweepSpec.model_validate(sp.apply(base, {path: value}))
-            except (ValidationError, ValueError) as exc:
-                detail = _describe(exc.errors()[0]) if isinstance(exc, ValidationError) else str(exc)
-                raise UserError(f"{source}: search.space.{path}: value {value!r} does not fit the spec "
-                                f"({detail})") from None
-
-
-def _describe(err: dict[str, Any]) -> str:
-    loc = [str(p) for p in err["loc"]]
-    if loc[:2] == ["search", "space"] and len(loc) > 3 and loc[3] in ("float", "int", "categorical"):
-        del loc[3]  # pydantic puts the union tag in the location
-    where = ".".join(loc) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        allowed = _fields_at(err["loc"][:-1])
-        return f"{where}: unknown key" + (f"; expected one of: {', '.join(allowed)}" if allowed else "")
-    msg = err["msg"].removeprefix("Value error, ")
-    got = err.get("input")
-    shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
-    return f"{where}: {msg}{shown}"
-
-
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = SweepSpec
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return []
-        model = field.annotation
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
-
-
-def json_schema() -> dict[str, Any]:
-    schema = SweepSpec.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "sweeper sweep spec"
-    return schema

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweeper import registry
 from sweeper.errors import UserError
 from sweeper.plugin import KINDS
+from sweeper.pluginhost import registry
 
 GROUP = "search_spaces"
 
@@ -33,7 +33,7 @@ def find(source: str) -> registry.PluginInfo:
     """The template ``source`` names: a search space's name (or 'dist:name'), or a plugin
     whose distribution ships exactly one search space."""
     templates = registry.list_plugins(GROUP)
-    _, _, short = source.rpartition(":")
+    _, short = registry.split_name(source)
     if any(t.name == short for t in templates):
         return registry.info(GROUP, source)
     owners = {p.distribution for k in KINDS for p in registry.list_plugins(k)
@@ -53,15 +53,14 @@ def find(source: str) -> registry.PluginInfo:
 def init(source: str, out: Path | None, force: bool = False) -> tuple[Path, registry.PluginInfo]:
     """Copy a shipped search space into a new spec file (comments kept) and check that it
     validates; returns the path written and the template's provenance."""
-    from sweeper import spec as spec_mod
-    from sweeper.spec_yaml import parse_yaml
+    from sweeper.spec import parse_yaml, validate
 
     template = find(source)
     text = _text(template)
     tree = parse_yaml(text, f"{template.qualified}.yaml")
     if not isinstance(tree, dict):
         raise UserError(f"search space '{template.name}' ({template.where}) is not a mapping of spec sections.")
-    spec_mod.validate(tree, f"search space '{template.name}' ({template.where})")
+    validate(tree, f"search space '{template.name}' ({template.where})")
     out = out or Path(f"{template.name}.yaml")
     if out.exists() and not force:
         raise UserError(f"{out} already exists; choose another path with --out, or pass --force to overwrite it.")

@@ -120,6 +120,14 @@ def grid_values(path: str, p: Param) -> list[Any]:
                      f"(categorical, int without log, or float with step)")
 
 
+def grid_size(space: dict[str, Param]) -> int:
+    """How many points the grid sampler visits."""
+    size = 1
+    for path, p in space.items():
+        size *= len(grid_values(path, p))
+    return size
+
+
 def representatives(p: Param) -> list[Any]:
     """A few values a parameter can take: enough to type-check its path in the spec."""
     if isinstance(p, CategoricalParam):

@@ -28,9 +28,9 @@ class Submitted:
 
 
 def submit(spec_path: Path, overrides: list[str], address: str, out: str | None, python: str) -> Submitted:
-    from sweeper import spec as spec_mod
+    from sweeper.spec import load
 
-    sweep = spec_mod.load(spec_path, overrides)
+    sweep = load(spec_path, overrides)
     if sweep.search.backend != "ray":
         raise UserError(f"{spec_path}: search.backend is '{sweep.search.backend}'; `sweeper submit` runs the "
                         f"sweep as a Ray job, which expects search.backend: ray (add the override "
@@ -40,7 +40,7 @@ def submit(spec_path: Path, overrides: list[str], address: str, out: str | None,
                         f"(the Jobs API; not the GCS address HEAD:6379)")
     from ray.job_submission import JobSubmissionClient
 
-    from sweeper.backends.ray import use_auth_token
+    from sweeper.search.ray.cluster import use_auth_token
 
     out = out or f"/tmp/sweeper/runs/{sweep.name}"  # absolute: the job's working dir is temporary
     # The entrypoint runs with the raylet's PATH: name the interpreter that has sweeper installed.

@@ -1,19 +1,19 @@
-"""The worker side of the Ray backend: one Tune trial runs the shared trial function
-(``workers.execute``) with a ``decide`` that logs each epoch to MLflow and reports it to Tune.
+"""The worker side of the Ray backend: one Tune trial runs the shared trial code
+(``trial.execute``) with a ``decide`` that logs each epoch to MLflow and reports it to Tune.
 
 ``ray.tune.report`` is synchronous for function trainables: it returns only once the scheduler
 let the trial go on; a trial Tune stops never gets past it (Ray ends the thread), and the driver
-closes its MLflow run (see backends/ray.py). The trainer itself never imports ray.
+closes its MLflow run (see driver.py). The trial code itself never imports ray.
 
 With ``checkpoint_every`` (search.ray.max_failures > 0, or PBT), every so many epochs the report
-carries the training state (model.pt, see sweeper/checkpoint.py) and meta.json. A trial that Tune
-starts with a checkpoint continues from it: its own (a retry after its worker died) in the same
-MLflow run, or a PBT donor's (an exploit) in a new run that starts with the donor's history.
+carries the training state (model.pt, see trial/checkpoint.py) and meta.json; the last report
+always does. A trial that Tune starts with a checkpoint continues from it: its own (a retry
+after its worker died) in the same MLflow run, or a PBT donor's (an exploit) in a new run that
+starts with the donor's history.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tempfile
@@ -21,14 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper import space as sp
+from sweeper.search.trial_runs import SweepInfo, close_trial_run, open_trial_run
 from sweeper.spec import SweepSpec
-from sweeper.tracking import Tracker
+from sweeper.spec import space as sp
+from sweeper.track.mlflow import Tracker
+from sweeper.trial.build import TrialConfig
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
 # Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),
 # its epoch, restarts, PBT exploits and the per-epoch history of its lineage.
 META = "meta.json"
+MODEL = "model.pt"
 
 
 class TrialError(RuntimeError):
@@ -36,17 +39,14 @@ class TrialError(RuntimeError):
     Tune marks the trial ERROR (Optuna's sampler sees FAIL)."""
 
 
-# --- the worker side ------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Context:
-    """What every trial needs besides its sampled params (plain data: shipped to the workers)."""
+    """What every trial needs besides its sampled params (shipped to the workers)."""
 
-    spec: dict[str, Any]
+    spec: SweepSpec
     tracking_uri: str | None
     experiment: str | None
-    parent_run_id: str | None
-    git_rev: str
+    sweep: SweepInfo
     threads: int  # torch CPU threads per trial
     sampler_seed: int | None
     checkpoint_every: int = 0  # epochs between reported checkpoints; 0: only the final one
@@ -78,15 +78,15 @@ def read_meta(checkpoint: Any) -> dict[str, Any] | None:
 
 
 def trainable(config: dict[str, Any], context: Context) -> None:
-    """One Tune trial: the shared trial function, its epochs reported to Tune; it starts from
-    the checkpoint Tune hands it, if any (its own after a failure, a PBT donor's after an exploit)."""
+    """One Tune trial: the shared trial code, its epochs reported to Tune; it starts from the
+    checkpoint Tune hands it, if any (its own after a failure, a PBT donor's after an exploit)."""
     import ray
     from ray import tune
 
-    from sweeper.seeding import trial_seed
-    from sweeper.workers import Task, execute, saves_state
+    from sweeper.trial.execute import execute, saves_state
+    from sweeper.trial.seeding import trial_seed
 
-    base = SweepSpec.model_validate(context.spec)
+    base = context.spec
     trial_id = tune.get_context().get_trial_id()
     number = trial_number(config, trial_id)
     params = trial_params(base.search.space, config)
@@ -97,10 +97,10 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         out, start = Path(tmp) / "out", Path(tmp) / "start"  # what this trial reports; where it starts
         out.mkdir()
         previous = _fetch(tune.get_checkpoint(), start)
-        task = Task(number, trial_seed(base.seed, number), params, spec.model_dump(mode="json"), context.threads,
-                    str(out / "model.pt"), checkpoint_every=context.checkpoint_every,
-                    resume=str(start / "model.pt") if previous else None,
-                    new_hyperparameters=previous is not None and previous["trial_id"] != trial_id)
+        task = TrialConfig(number, trial_seed(base.seed, number), params, spec, context.threads, str(out / MODEL),
+                           checkpoint_every=context.checkpoint_every,
+                           resume=str(start / MODEL) if previous else None,
+                           new_hyperparameters=previous is not None and previous["trial_id"] != trial_id)
         lineage = _open_run(tracker, context, task, previous, trial_id, {"ray_node_id": node_id})
         run_id = lineage["mlflow_run_id"]
         ids = {"sweeper_number": number, "mlflow_run_id": run_id or "", "node_id": node_id}
@@ -114,7 +114,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         def decide(_: int, epoch: int, metrics: dict[str, float]) -> bool:
             # MLflow first: a trial Tune stops never returns from report(). A worker killed between
             # the two logs this epoch again when it resumes (same values: the resume is bitwise).
-            tracker.log_epoch(run_id, epoch, metrics)
+            tracker.log_metrics(run_id, epoch, metrics)
             lineage["history"].append(metrics)
             if epoch < spec.train.epochs:
                 tune.report({**metrics, "epoch": epoch, **ids},  # returns only if Tune lets it go on
@@ -124,7 +124,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
             return False  # Tune stops trials itself (see the module docstring)
 
         outcome = execute(task, decide)
-        tracker.end_trial(run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
+        close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         if outcome.state != "complete":
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
@@ -142,30 +142,29 @@ def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
     return json.loads(meta.read_text()) if meta.exists() else None
 
 
-def _open_run(tracker: Tracker, context: Context, task: Any, previous: dict[str, Any] | None, trial_id: str,
-              tags: dict[str, str]) -> dict[str, Any]:
+def _open_run(tracker: Tracker, context: Context, task: TrialConfig, previous: dict[str, Any] | None,
+              trial_id: str, tags: dict[str, str]) -> dict[str, Any]:
     """The trial's MLflow run and lineage: a new run; the same run again when the trial resumes
     from its own checkpoint; a new run that starts with the donor's history after a PBT exploit."""
     tags = {**tags, "ray_trial_id": trial_id, "pid": str(os.getpid())}  # pid: the process to look at
     lineage: dict[str, Any] = {"trial_id": trial_id, "number": task.number, "params": task.params,
                                "restarts": 0, "exploits": [], "history": []}
-    start = functools.partial(tracker.start_task, context.parent_run_id, task, SweepSpec.model_validate(
-        context.spec).seed, context.git_rev, context.sampler_seed)
     if previous is None:
-        run_id = start(tags=tags)
+        run_id = open_trial_run(tracker, task, context.sweep, context.sampler_seed, tags)
     elif previous["trial_id"] == trial_id:  # after its worker died (or a PBT pause): the same run goes on
         run_id = previous["mlflow_run_id"] or None
         lineage.update(restarts=previous["restarts"] + 1, exploits=previous["exploits"], history=previous["history"])
-        tracker.reopen_trial(run_id, {**tags, "restarts": str(lineage["restarts"]),
-                                      "resumed_from_epoch": str(previous["epoch"])})
+        tracker.resume_run(run_id, {**tags, "restarts": str(lineage["restarts"]),
+                                    "resumed_from_epoch": str(previous["epoch"])})
     else:  # a PBT exploit: the donor's state with this trial's new hyperparameters, in a new run
-        for old in tracker.open_trials(context.parent_run_id, {"ray_trial_id": trial_id}):
-            tracker.end_trial(old, "exploited", f"PBT: continued in a new run from trial {previous['number']}'s "
-                                                f"checkpoint of epoch {previous['epoch']}, with new hyperparameters")
+        for old in tracker.open_children(context.sweep.parent_run_id, {"ray_trial_id": trial_id}):
+            close_trial_run(tracker, old, "exploited", f"PBT: continued in a new run from trial {previous['number']}'s "
+                                                       f"checkpoint of epoch {previous['epoch']}, with new hyperparameters")
         exploit = {"epoch": previous["epoch"], "donor": previous["number"], "params": task.params}
         lineage.update(exploits=[*previous["exploits"], exploit], history=previous["history"])
-        run_id = start(tags={**tags, "pbt_donor": str(previous["number"]), "pbt_donor_trial_id": previous["trial_id"],
-                             "pbt_epoch": str(previous["epoch"])}, extra={"pbt": lineage["exploits"]})
+        run_id = open_trial_run(tracker, task, context.sweep, context.sampler_seed,
+                                {**tags, "pbt_donor": str(previous["number"]), "pbt_donor_trial_id": previous["trial_id"],
+                                 "pbt_epoch": str(previous["epoch"])}, exploits=lineage["exploits"])
         tracker.log_history(run_id, previous["history"])  # epochs 1..epoch: the donor's lineage
     lineage["mlflow_run_id"] = run_id
     return lineage

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import inspect
 import re
 import sys
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable
 
 from sweeper.errors import UserError
-from sweeper.plugin import API_ATTR, INJECTED, KINDS, LISTED
+from sweeper.plugin import API_ATTR, KINDS, LISTED
 
 GROUP_PREFIX = "sweeper."
 
@@ -44,6 +43,18 @@ class PluginInfo:
 def normalize(dist_name: str) -> str:
     """PEP 503 form, so `my_pkg`, `My-Pkg` and `my.pkg` pin the same distribution."""
     return re.sub(r"[-_.]+", "-", dist_name).lower()
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """A spec's plugin name as (distribution pin or '', entry-point name): 'dist:name' or 'name'."""
+    pin, _, short = name.rpartition(":")
+    return pin, short
+
+
+def did_you_mean(word: str, options: list[str], form: str = " Did you mean '{}'?") -> str:
+    """A hint naming the closest option, or '' when none is close."""
+    close = difflib.get_close_matches(word, options, n=1)
+    return form.format(close[0]) if close else ""
 
 
 def _info(kind: str, ep: EntryPoint) -> PluginInfo:
@@ -85,14 +96,26 @@ def singular(kind: str) -> str:
     return {"search_spaces": "search space"}.get(kind, kind[:-1])
 
 
+def matching(name: str, kind: str | None = None) -> list[PluginInfo]:
+    """The listed plugins (of ``kind``, or of every group) that ``name`` designates, or a
+    UserError listing what is installed."""
+    pin, short = split_name(name)
+    listed = list_plugins(kind)
+    found = [p for p in listed if p.name == short and (not pin or normalize(pin) == normalize(p.distribution))]
+    if not found:
+        names = sorted({p.name for p in listed})
+        raise UserError(f"no {singular(kind) + ' ' if kind else ''}plugin named '{name}'.{did_you_mean(short, names)} "
+                        f"Installed: {', '.join(names) or 'none'}; run 'sweeper plugins'.")
+    return found
+
+
 def _find(kind: str, name: str) -> EntryPoint:
-    dist_pin, _, short = name.rpartition(":")
+    dist_pin, short = split_name(name)
     matches = [ep for ep in _entry_points(kind) if ep.name == short
                and (not dist_pin or (ep.dist and normalize(ep.dist.name) == normalize(dist_pin)))]
     if not matches:
         names = sorted({ep.name for ep in _entry_points(kind)})
-        close = difflib.get_close_matches(short, names, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(short, names)
         raise UserError(
             f"unknown {singular(kind)} plugin '{name}'.{hint} Available: {', '.join(names) or 'none'}. "
             f"Third-party plugins register under the entry-point group '{GROUP_PREFIX}{kind}'; "
@@ -164,53 +187,3 @@ def get(kind: str, name: str) -> Callable[..., Any]:
         raise UserError(f"{singular(kind)} plugin '{name}' ({_info(kind, ep).where}) is a "
                         f"{type(factory).__name__}, not a callable factory; see docs/plugins.md.")
     return factory
-
-
-def accepted_args(factory: Callable[..., Any]) -> dict[str, inspect.Parameter] | None:
-    """The factory's parameters by name, or None when it takes **kwargs (anything goes)."""
-    params = inspect.signature(factory).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return dict(params)
-
-
-def own_args(kind: str, factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    """The parameters a spec may set (everything but what sweeper injects), in order."""
-    return [p for p in inspect.signature(factory).parameters.values()
-            if p.name not in INJECTED[kind] and p.name != "self"
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-
-
-def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
-    """Check that ``args`` (plus what sweeper injects) bind to the factory's signature.
-
-    ``where`` is the spec path of the args (e.g. ``optimizer.args``), used in the message."""
-    factory = get(kind, name)
-    injected = [a for a in INJECTED[kind] if a in args]
-    if injected:
-        raise UserError(f"{where}.{injected[0]}: set by sweeper itself for {singular(kind)} plugins; remove it.")
-    params = accepted_args(factory)
-    supplied = {a: None for a in INJECTED[kind] if params is None or a in params}
-    try:
-        inspect.signature(factory).bind(**supplied, **args)
-    except TypeError as exc:
-        unknown = sorted(set(args) - set(params or {}))
-        allowed = [p.name for p in own_args(kind, factory)]
-        who = f"{singular(kind)} plugin '{name}'"
-        source = info(kind, name).where
-        if unknown and params is not None:
-            close = difflib.get_close_matches(unknown[0], allowed, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UserError(f"{where}.{unknown[0]}: {who} has no argument '{unknown[0]}'{hint}; "
-                            f"it accepts: {', '.join(allowed)}. The plugin comes from {source}.") from None
-        raise UserError(f"{where}: cannot call {who} ({source}) with {sorted(args)}: {exc}; "
-                        f"it accepts: {', '.join(allowed)}.") from None
-
-
-def describe_args(kind: str, factory: Callable[..., Any]) -> list[tuple[str, str, str]]:
-    """(name, default, type) of each argument a spec may set, as text; default 'required'."""
-    def text(value: Any) -> str:
-        return value if isinstance(value, str) else getattr(value, "__name__", None) or repr(value)
-
-    return [(p.name, "required" if p.default is p.empty else repr(p.default),
-             "" if p.annotation is p.empty else text(p.annotation)) for p in own_args(kind, factory)]

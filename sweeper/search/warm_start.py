@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper import space as sp
-from sweeper.lr_finder import RangeTest, plot, range_test
 from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
+from sweeper.track.mlflow import Tracker
+from sweeper.trial.lr_finder import RangeTest, plot, range_test
+from sweeper.trial.seeding import derive
 
 LR = "optimizer.args.lr"
 CONFIG_PATHS = ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
@@ -41,6 +43,12 @@ class WarmStart:
     findings: list[Finding]
     note: str  # one line for the user
 
+    def summary(self) -> dict[str, Any]:
+        """The summary.json entry."""
+        return {"note": self.note, "policy": self.spec.search.lr_finder.policy,
+                "findings": [{"config": f.config, "suggestion": f.result.suggestion, "steps": f.result.steps,
+                              "seconds": f.result.seconds, "plot": str(f.plot)} for f in self.findings]}
+
 
 def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
     """Each combination of the unconditional categorical choices of plugin and batch size."""
@@ -51,8 +59,8 @@ def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
 
 
 def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
-    """One range test of ``spec`` with ``config`` applied, seeded by the sweep seed."""
-    from sweeper.trial import TrialConfig, build
+    """One range test of ``spec`` with ``config`` applied, seeded by the sweep's "sweep" stream."""
+    from sweeper.trial.build import TrialConfig, build
 
     lr_param = spec.search.space.get(LR)
     settings = spec.search.lr_finder
@@ -61,13 +69,30 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
     low = settings.min_lr or min(lr_param.low if lr_param else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
     high = settings.max_lr or max(lr_param.high if lr_param else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
     configured = spec.with_values(config)
-    parts = build(TrialConfig(-1, spec.seed, config, configured), device)
+    seed = derive(spec.seed, "sweep")
+    parts = build(TrialConfig(-1, seed, config, configured), device)
     return range_test(parts.model, parts.optimizer, parts.data, configured.train,
-                      min_lr=low, max_lr=high, steps=settings.steps, seed=spec.seed)
+                      min_lr=low, max_lr=high, steps=settings.steps, seed=seed)
 
 
-def prepare(spec: SweepSpec, out_dir: Path, device: Any) -> WarmStart:
-    """Run (or read from the cache) the range tests and apply the policy."""
+def _trial_device(spec: SweepSpec) -> Any:
+    """The device and torch threads a trial of this spec gets."""
+    from sweeper.trial.seeding import configure_torch, threads_per_trial
+    from sweeper.trial.trainer import resolve_device
+
+    configure_torch(threads=threads_per_trial(spec), deterministic=spec.train.deterministic)
+    return resolve_device(spec.train.device)
+
+
+def find_alone(spec: SweepSpec) -> RangeTest:
+    """`sweeper lr-find`: one range test of the spec's base config."""
+    return find(spec, {}, _trial_device(spec))
+
+
+def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
+    """Run (or read from the cache) the range tests, on the device and threads a trial gets,
+    and apply the policy."""
+    device = _trial_device(spec)
     cache_path = out_dir / CACHE
     key = json.dumps({"settings": spec.search.lr_finder.model_dump(), "seed": spec.seed,
                       "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
@@ -123,3 +148,12 @@ def base_values(spec: SweepSpec) -> dict[str, Any]:
         if inside:
             out[path] = node
     return out
+
+
+def log(tracker: Tracker, run_id: str | None, warm: WarmStart, out_dir: Path) -> None:
+    """The range tests on the sweep's run: curves as images, suggestions and policy as params."""
+    params = {"lr_finder.policy": warm.spec.search.lr_finder.policy}
+    params.update({f"lr_finder.suggestion.{i}": f.result.suggestion for i, f in enumerate(warm.findings)})
+    tracker.log_params(run_id, params)
+    tracker.set_tags(run_id, {"lr_finder": warm.note})
+    tracker.log_files(run_id, [f.plot for f in warm.findings] + [out_dir / CACHE], "lr_finder")

@@ -1,6 +1,6 @@
 """Fit one model: pure PyTorch. No optuna, ray or mlflow here: progress leaves through the
 ``report(epoch, metrics)`` callable, which may raise ``TrialPruned``; the training state leaves
-through ``on_epoch_end(state)`` and comes back as ``resume`` (see sweeper/checkpoint.py)."""
+through ``on_epoch_end(state)`` and comes back as ``resume`` (see trial/checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sweeper import checkpoint
-from sweeper.data import eval_batches, train_batches
 from sweeper.errors import TrialFailed
 from sweeper.plugin import DataSplits
 from sweeper.spec import TrainSpec
+from sweeper.trial import checkpoint
+from sweeper.trial.batching import eval_batches, train_batches
 
 Report = Callable[[int, dict[str, float]], None]
 # on_epoch_end(state): the training state after an epoch, before that epoch's report

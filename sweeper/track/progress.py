@@ -1,4 +1,5 @@
-"""What a person sees while a sweep runs: a bar per running trial, a table of finished trials."""
+"""What a person sees while a sweep runs: a bar per running trial, a table of finished trials;
+and the final lines of a sweep."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sweeper.spec import SweepSpec
+from sweeper.spec import Objective, SweepSpec
+from sweeper.track.records import TrialEvent, TrialRecord
 
 SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
 STYLE = {"complete": "green", "pruned": "yellow", "failed": "red"}
@@ -23,19 +25,18 @@ def fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def trials_table(records: list[dict[str, Any]], direction: str, metric: str, title: str = "") -> Table:
+def trials_table(records: list[TrialRecord], objective: Objective, title: str = "") -> Table:
     table = Table(title=title or None, title_justify="left")
-    for col in ("#", "state", metric, "best so far", "epochs", "s", "params / reason"):
+    for col in ("#", "state", objective.metric, "best so far", "epochs", "s", "params / reason"):
         table.add_column(col, justify="right" if col in ("#", "epochs", "s") else "left")
     best = None
-    for r in sorted(records, key=lambda r: r["number"]):
-        if r["state"] == "complete" and r["value"] is not None:
-            better = best is None or (r["value"] > best if direction == "maximize" else r["value"] < best)
-            best = r["value"] if better else best
-        detail = r["reason"] if r["state"] != "complete" and r.get("reason") else \
-            ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r["params"].items())
-        table.add_row(str(r["number"]), f"[{STYLE.get(r['state'], '')}]{r['state']}", fmt(r["value"]),
-                      fmt(best), str(r["epochs"]), fmt(r["seconds"]), detail)
+    for r in sorted(records, key=lambda r: r.number):
+        if r.state == "complete" and r.value is not None and objective.better(r.value, best):
+            best = r.value
+        detail = r.reason if r.state != "complete" and r.reason else \
+            ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
+        table.add_row(str(r.number), f"[{STYLE.get(r.state, '')}]{r.state}", fmt(r.value),
+                      fmt(best), str(r.epochs), fmt(r.seconds), detail)
     return table
 
 
@@ -47,19 +48,13 @@ class RichObserver:
         self.bars = Progress(TextColumn("trial {task.fields[number]:>3}"), BarColumn(), MofNCompleteColumn(),
                              TextColumn("epochs {task.fields[metric]}"), TimeElapsedColumn(), console=self.console)
         self.tasks: dict[int, Any] = {}
-        self.records: list[dict[str, Any]] = []
+        self.records: list[TrialRecord] = []
         self.live: Live | None = None
         self.spec: SweepSpec | None = None
 
-    def started(self, spec: SweepSpec, out_dir: Path, done: int, remaining: int | None,
-                requeued: list[int]) -> None:
+    def started(self, spec: SweepSpec, out_dir: Path) -> None:
         self.spec = spec
         self.console.print(f"[bold]{spec.name}[/]: {spec.budget()}; output in [cyan]{out_dir}[/]")
-        if done:
-            self.console.print(f"resuming: {done} trial(s) already done, {fmt(remaining)} to go")
-        if requeued:
-            self.console.print(f"trial(s) {', '.join(map(str, requeued))} were left running by a stopped "
-                               f"process: marked failed and queued again")
         self.live = Live(self._view(), console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 
@@ -67,30 +62,28 @@ class RichObserver:
         self.console.print(text)
 
     def _view(self) -> Group:
-        metric = self.spec.objective.metric
-        recent = sorted(self.records, key=lambda r: r["number"])[-SHOWN_ROWS:]
-        return Group(trials_table(recent, self.spec.objective.direction, metric), self.bars)
+        recent = sorted(self.records, key=lambda r: r.number)[-SHOWN_ROWS:]
+        return Group(trials_table(recent, self.spec.objective), self.bars)
 
-    def event(self, event: dict[str, Any]) -> None:
-        n = event.get("number", event.get("record", {}).get("number"))
-        if event["event"] == "start":
+    def event(self, event: TrialEvent) -> None:
+        n = event.number
+        if event.kind == "start":
             self.tasks[n] = self.bars.add_task("", total=self.spec.train.epochs, number=n, metric="")
-        elif event["event"] == "epoch" and n in self.tasks:
+        elif event.kind == "epoch" and n in self.tasks:
             metric = self.spec.objective.metric
-            self.bars.update(self.tasks[n], completed=event["epoch"],
-                             metric=f"{metric}={fmt(event['metrics'][metric])}")
-        elif event["event"] == "end":
+            self.bars.update(self.tasks[n], completed=event.epoch, metric=f"{metric}={fmt(event.metrics.get(metric))}")
+        elif event.kind == "end" and event.record is not None:
             if n in self.tasks:
                 self.bars.remove_task(self.tasks.pop(n))
-            self.records.append(event["record"])
+            self.records.append(event.record)
         if self.live:
             self.live.update(self._view())
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self.live:
             self.live.stop()
-        obj = summary["objective"]
-        self.console.print(trials_table(summary["trials"], obj["direction"], obj["metric"], title="trials"))
+        trials = [TrialRecord.model_validate(t) for t in summary["trials"]]
+        self.console.print(trials_table(trials, Objective.model_validate(summary["objective"]), title="trials"))
         print_result(self.console, summary)
 
 
@@ -140,10 +133,10 @@ def print_export(console: Console, report: dict[str, Any]) -> None:
 class QuietObserver:
     """--quiet: no live display; only the final lines."""
 
-    def started(self, *args: Any) -> None:
+    def started(self, spec: SweepSpec, out_dir: Path) -> None:
         pass
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: TrialEvent) -> None:
         pass
 
     def note(self, text: str) -> None:

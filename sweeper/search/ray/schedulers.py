@@ -4,8 +4,8 @@ scheduler asks of the trials' checkpoints.
 Early stopping: ASHA, asynchronous Hyperband, median stopping. Population Based Training: Ray's
 ``PopulationBasedTraining`` over the mutated search-space paths. On an exploit, Tune restarts the
 weak trial with the strong trial's latest checkpoint and a mutated copy of its config; the worker
-(backends/ray_trial.py) takes the weights, optimizer buffers and epoch from that checkpoint and
-applies its own new hyperparameters (sweeper/checkpoint.py: ``Resume(new_hyperparameters=True)``).
+(search/ray/trial.py) takes the weights, optimizer buffers and epoch from that checkpoint and
+applies its own new hyperparameters (trial/checkpoint.py: ``Resume(new_hyperparameters=True)``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sweeper import space as sp
+from sweeper.search.ray.space import mutation
 from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
 
 # Checkpoints Tune keeps per trial. A retry needs only the latest. Under PBT a weak trial may start
 # from a strong trial's checkpoint some perturbations after it was chosen (when it waited for a
@@ -55,39 +56,33 @@ def checkpoints_kept(spec: SweepSpec) -> int:
     return KEEP_CHECKPOINTS_PBT if spec.search.pruner.type == "pbt" else KEEP_CHECKPOINTS
 
 
-class ClipToSpace:
-    """PBT's ``custom_explore_fn``: a value scaled by 0.8/1.2 stays inside its declared range
-    (a class, not a closure: Tune pickles the scheduler with its experiment state)."""
+class FitToSpace:
+    """PBT's ``custom_explore_fn``: a value scaled by 0.8/1.2 is put back on its declared grid
+    (``step``) and inside its range (a class, not a closure: Tune pickles the scheduler with its
+    experiment state)."""
 
-    def __init__(self, bounds: dict[str, tuple[float, float]]) -> None:
-        self.bounds = bounds
+    def __init__(self, params: dict[str, sp.Param]) -> None:
+        self.params = params
 
     def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
-        for path, (low, high) in self.bounds.items():
-            if path in config:
-                config[path] = type(config[path])(min(max(config[path], low), high))
+        for path, p in self.params.items():
+            if path not in config or isinstance(p, sp.CategoricalParam):
+                continue
+            value = config[path]
+            step = p.step if isinstance(p, sp.FloatParam) else (p.step if p.step != 1 else None)
+            if step:
+                value = p.low + round((value - p.low) / step) * step
+            config[path] = type(p.low)(min(max(value, p.low), p.high))
+            if isinstance(p, sp.FloatParam) and step:
+                config[path] = round(config[path], 12)  # as sp.grid_values writes grid points
         return config
 
 
 def _pbt(spec: SweepSpec) -> Any:
-    from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
     p, space = spec.search.pruner, spec.search.space
-    mutations: dict[str, Any] = {}
-    bounds: dict[str, tuple[float, float]] = {}
-    for path in spec.search.pbt_mutations():
-        param = space[path]
-        if isinstance(param, sp.CategoricalParam):
-            mutations[path] = list(param.choices)  # Ray: resample, or shift to a neighbouring choice
-            continue
-        bounds[path] = (param.low, param.high)
-        if isinstance(param, sp.IntParam):
-            mutations[path] = tune.lograndint(param.low, param.high + 1) if param.log \
-                else tune.randint(param.low, param.high + 1)
-        else:
-            mutations[path] = tune.loguniform(param.low, param.high) if param.log \
-                else tune.uniform(param.low, param.high)
+    mutations = {path: mutation(space[path]) for path in spec.search.pbt_mutations()}
     return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=p.perturbation_interval,
                                    quantile_fraction=p.quantile_fraction, hyperparam_mutations=mutations,
-                                   custom_explore_fn=ClipToSpace(bounds), synch=p.synch)
+                                   custom_explore_fn=FitToSpace({k: space[k] for k in mutations}), synch=p.synch)

@@ -1,0 +1,60 @@
+"""The Backend protocol: who proposes, runs and stops trials. The runner (runner.py) does
+everything around the search the same way for every backend; a backend only searches.
+
+A backend's ``run(spec, ctx)`` runs (or resumes) the search until the budget is spent, reports
+each trial's start, epochs and end to ``ctx.observer`` as TrialEvents, logs each trial to its
+MLflow run (search/trial_runs.py) nested under ``ctx.sweep.parent_run_id``, leaves each
+completed trial's final training state at ``trial_path(ctx.out_dir, number)`` for the trials
+that search/checkpoints.py keeps, and returns every trial of the sweep as a TrialRecord.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sweeper.spec import SweepSpec
+from sweeper.track.mlflow import Tracker
+from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.search.trial_runs import SweepInfo
+
+# search.backend -> the class implementing it (imported on use: ray is heavy)
+BACKENDS = {"optuna": "sweeper.search.optuna:OptunaBackend", "ray": "sweeper.search.ray:RayBackend"}
+
+
+class Observer(Protocol):
+    """Receives a sweep's progress (the CLI's rich display, or nothing in quiet mode)."""
+
+    def started(self, spec: SweepSpec, out_dir: Path) -> None: ...
+    def event(self, event: TrialEvent) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    out_dir: Path
+    tracker: Tracker
+    sweep: SweepInfo
+    observer: Observer
+    # params of trials to run first (the LR-finder warm start); a resumed search has them already
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    records: list[TrialRecord]  # every trial of the sweep, by number
+    storage: str  # where the backend keeps its state (a re-run resumes from it)
+
+
+class Backend(Protocol):
+    def check(self, spec: SweepSpec, out_dir: Path) -> None:
+        """Raise UserError for what would stop the search, before the sweep records anything."""
+
+    def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult: ...
+
+
+def load(name: str) -> Backend:
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,32 @@
+"""The Ray Tune backend: the same spec and trial code as the Optuna backend, scheduled by Tune
+on a local Ray or a cluster.
+
+- cluster.py     local Ray or a cluster by address; shared storage and tracking checks
+- driver.py      searcher, Tuner (or restore), events, results -> TrialRecords, checkpoints
+- trial.py       the Tune trainable (worker side): execute, report, checkpoint, PBT lineage
+- schedulers.py  search.pruner as a Tune scheduler (ASHA, async Hyperband, median, PBT)
+- space.py       search space -> Tune sample domains (one mapping)
+- submit.py      `sweeper submit`: the sweep as a Ray job
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweeper.search.backend import SearchContext, SearchResult
+from sweeper.spec import SweepSpec
+
+
+class RayBackend:
+    def check(self, spec: SweepSpec, out_dir: Path) -> None:
+        from sweeper.search.ray import cluster
+        from sweeper.track.mlflow import resolve_uri
+
+        addr = cluster.address(spec)
+        cluster.storage_path(spec, out_dir, addr)
+        cluster.check_tracking(resolve_uri(spec.tracking.mlflow_uri) if spec.tracking.enabled else None, addr)
+
+    def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult:
+        from sweeper.search.ray import driver
+
+        return driver.run(spec, ctx)

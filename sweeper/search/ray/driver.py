@@ -1,0 +1,256 @@
+"""The Ray backend's driver (this process): builds the searcher (Optuna's samplers through
+``OptunaSearch``; random/grid through Ray's basic generator) and the scheduler (schedulers.py),
+runs the Tuner or restores an interrupted one, relays Tune's trial events to the observer, and
+turns Tune's results into the same TrialRecords as the Optuna backend.
+
+Workers (Ray actors) run trial.py. A trial Tune stops never returns from its ``report``, so the
+driver closes the MLflow runs of trials Tune stopped (state ``pruned``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from sweeper.search import checkpoints
+from sweeper.search.backend import SearchContext, SearchResult
+from sweeper.search.ray import cluster
+from sweeper.search.ray.schedulers import checkpoint_every, checkpoints_kept, make_scheduler
+from sweeper.search.ray.space import param_space
+from sweeper.search.ray.trial import MODEL, NUMBER, Context, read_meta, trainable, trial_number, trial_params
+from sweeper.search.trial_runs import close_trial_run
+from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
+from sweeper.track.mlflow import Tracker
+from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.trial.checkpoint import trial_path
+from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
+
+# Keys the worker adds to each result besides the trainer's metrics (not part of the history).
+OWN_KEYS = ("epoch", "done", "trial_id", "sweeper_number", "sweeper_state", "mlflow_run_id", "node_id",
+            "seconds", "device", "should_checkpoint")
+EVENTS: Callable[[TrialEvent], None] | None = None  # the observer's event sink, set by run()
+# Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default; a
+# small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
+SNAPSHOT_EVERY_S = "2"
+
+
+class DefineByRun:
+    """OptunaSearch's search space: sweeper's own ``suggest`` on Optuna's trial (conditional
+    parameters included). A module-level class, so the searcher's saved state pickles."""
+
+    def __init__(self, space: dict[str, sp.Param]) -> None:
+        self.space = space
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        sp.suggest(self.space, trial)
+        return {NUMBER: trial.number}
+
+
+def trial_dirname(trial: Any) -> str:
+    return f"trial-{trial_number(trial.config, trial.trial_id):05d}-{trial.trial_id}"
+
+
+def _mode(spec: SweepSpec) -> str:
+    return "max" if spec.objective.direction == "maximize" else "min"
+
+
+def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
+    """(search_alg, param_space): OptunaSearch for Optuna's samplers, else the basic generator."""
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    search = spec.search
+    if search.sampler not in ("random", "grid"):
+        from ray.tune.search.optuna import OptunaSearch
+
+        from sweeper.search.optuna.study import make_sampler
+
+        return OptunaSearch(DefineByRun(search.space), metric=spec.objective.metric, mode=_mode(spec),
+                            sampler=make_sampler(spec, sampler_seed(spec.seed, 0))), {}
+    return (BasicVariantGenerator(random_state=derive(spec.seed, "sweep")),
+            param_space(search.space, grid=search.sampler == "grid"))
+
+
+def record(spec: SweepSpec, number: int, config: dict[str, Any], last: dict[str, Any],
+           history: list[dict[str, float]], error: Any = None) -> TrialRecord:
+    """A trial as summary.json and the progress table show it, from its last Tune result."""
+    metric = spec.objective.metric
+    epochs = int(last.get("epoch") or 0)
+    if error is not None:
+        found = re.search(r"TrialError: (.+)", str(error))
+        state, reason = "failed", (found.group(1) if found else str(error).strip().splitlines()[-1])[:500]
+    elif last.get("sweeper_state") == "complete":
+        state, reason = "complete", None
+    else:
+        shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
+        state, reason = "pruned", f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
+    return TrialRecord(number=number, state=state, params=trial_params(spec.search.space, config),
+                       value=last.get(metric) if state == "complete" else None, seed=trial_seed(spec.seed, number),
+                       reason=reason, epochs=epochs, seconds=last.get("seconds", last.get("time_total_s")),
+                       device=last.get("device"), mlflow_run_id=last.get("mlflow_run_id") or None,
+                       node_id=last.get("node_id"), node_ip=last.get("node_ip"), history=history)
+
+
+def _events_callback(spec: SweepSpec) -> Any:
+    """Relays Tune's trial events to the observer (EVENTS is looked up at call time because
+    Tune pickles its callbacks with the experiment state)."""
+    from ray import tune
+
+    def emit(event: TrialEvent) -> None:
+        from sweeper.search.ray import driver as me
+
+        if me.EVENTS is not None:
+            me.EVENTS(event)
+
+    class Events(tune.Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            emit(TrialEvent.start(trial_number(trial.config, trial.trial_id)))
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            metrics = {k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in OWN_KEYS}
+            emit(TrialEvent.epoch_end(result["sweeper_number"], result["epoch"], metrics))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._end(trial, None)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._end(trial, trial.error_message or "error")
+
+        def _end(self, trial: Any, error: Any) -> None:
+            number = trial_number(trial.config, trial.trial_id)
+            emit(TrialEvent.end(record(spec, number, trial.config, trial.last_result or {}, [], error)))
+
+    return Events()
+
+
+def _history(result: Any) -> list[dict[str, float]]:
+    """The trainer's per-epoch metrics of one Tune result, one row per epoch (the last report of
+    an epoch wins). Tune rewrites a trial's result files when it restarts, so after a restart this
+    holds only the epochs since; ``_result_record`` prefers the checkpoint's full history."""
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    frame = result.metrics_dataframe
+    rows: dict[int, dict[str, float]] = {}
+    for row in ([] if frame is None else frame.to_dict("records")):
+        if row.get("epoch") is None or (isinstance(row["epoch"], float) and math.isnan(row["epoch"])):
+            continue
+        rows[int(row["epoch"])] = {k: float(v) for k, v in row.items()
+                                   if k not in AUTO_RESULT_KEYS and k not in OWN_KEYS and "/" not in k
+                                   and isinstance(v, (int, float)) and not math.isnan(v)}
+    return [rows[e] for e in sorted(rows)]
+
+
+def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
+    """Run or resume the sweep on Ray Tune."""
+    global EVENTS
+    addr = cluster.address(spec)
+    storage = cluster.storage_path(spec, ctx.out_dir, addr)
+    import ray
+    from ray import tune
+
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", SNAPSHOT_EVERY_S)
+    # With num_to_keep set, Tune also snapshots after a trial's checkpoints replace each other (so a
+    # restore never names a deleted one) and warns each time when epochs are short; the snapshot is
+    # a few kB here, and the warning would flood the sweep's output.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    cluster.connect(spec, addr)
+    EVENTS = ctx.observer.event
+    tracker = ctx.tracker
+    try:
+        cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
+        experiment = f"{storage.rstrip('/')}/{spec.name}"
+        restoring = tune.Tuner.can_restore(experiment)
+        interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
+        for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
+            close_trial_run(tracker, run_id, "interrupted", "the sweep stopped while this trial ran; the re-run "
+                                                           "restarted it")
+        if restoring:
+            ctx.observer.note(f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) "
+                              f"restarted)")
+        context = Context(spec, tracker.uri, tracker.experiment, ctx.sweep, threads_per_trial(spec),
+                          None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
+                          checkpoint_every(spec))
+        resources = {"cpu": spec.search.resources.cpu, "gpu": spec.search.resources.gpu}
+        fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
+        searcher, space = make_searcher(spec)
+        if restoring:
+            tuner = tune.Tuner.restore(experiment, trainable=fn, param_space=space,
+                                       resume_unfinished=True, resume_errored=False)
+        else:
+            tuner = tune.Tuner(fn, param_space=space, tune_config=_tune_config(spec, searcher),
+                               run_config=_run_config(spec, storage))
+        if spec.search.pruner.type == "pbt":
+            # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
+            # which trial exploits which still depends on the order results arrive in.
+            random.seed(derive(spec.seed, "sweep"))
+        grid = tuner.fit()
+        records = sorted((_result_record(spec, r) for r in grid), key=lambda r: r.number)
+        _close_runs(tracker, ctx.sweep.parent_run_id, records)
+        _fetch_checkpoints(spec, grid, records, ctx.out_dir)
+    finally:
+        EVENTS = None
+        ray.shutdown()  # a local Ray stops here; a cluster is only disconnected from
+    return SearchResult(records, experiment)
+
+
+def _tune_config(spec: SweepSpec, searcher: Any) -> Any:
+    from ray import tune
+
+    search = spec.search
+    samples = 1 if search.sampler == "grid" else (search.n_trials or -1)  # grid: every point once
+    return tune.TuneConfig(metric=spec.objective.metric, mode=_mode(spec),
+                           search_alg=searcher, scheduler=make_scheduler(spec), num_samples=samples,
+                           max_concurrent_trials=search.ray.max_concurrent_trials, reuse_actors=search.ray.reuse_actors,
+                           time_budget_s=search.timeout, trial_dirname_creator=trial_dirname)
+
+
+def _run_config(spec: SweepSpec, storage: str) -> Any:
+    from ray import tune
+
+    return tune.RunConfig(name=spec.name, storage_path=storage, verbose=0, callbacks=[_events_callback(spec)],
+                          failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
+                          checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)))
+
+
+def _number(result: Any) -> int:
+    return int(Path(result.path).name.split("-")[1])  # see trial_dirname
+
+
+def _result_record(spec: SweepSpec, result: Any) -> TrialRecord:
+    rec = record(spec, _number(result), result.config, result.metrics or {}, _history(result), result.error)
+    meta = read_meta(result.checkpoint) if result.checkpoint else None
+    if meta and meta["epoch"] == rec.epochs:
+        # the trial's lineage: under PBT, the epochs before an exploit are the donor's
+        rec = rec.model_copy(update={"history": meta["history"], "restarts": meta["restarts"],
+                                     "exploits": meta["exploits"]})
+    return rec
+
+
+def _close_runs(tracker: Tracker, parent: str | None, records: list[TrialRecord]) -> None:
+    """Trial runs left open: trials Tune stopped (pruned), and earlier attempts of restarted trials."""
+    by_run = {r.mlflow_run_id: r for r in records if r.mlflow_run_id}
+    for run_id in tracker.open_children(parent):
+        r = by_run.get(run_id)
+        if r is not None:
+            close_trial_run(tracker, run_id, r.state, r.reason)
+        else:
+            close_trial_run(tracker, run_id, "interrupted", "its worker stopped; Tune ran the trial again")
+
+
+def _fetch_checkpoints(spec: SweepSpec, grid: Any, records: list[TrialRecord], out_dir: Path) -> None:
+    """Copy the final training state of the trials the sweep keeps (search/checkpoints.py) from
+    Tune's storage to <out>/checkpoints, where export and `sweeper export RUN_ID` find them."""
+    results = {_number(r): r for r in grid}
+    for number in checkpoints.kept(spec, records):
+        result = results.get(number)
+        if result is None or result.checkpoint is None:  # a trial of an earlier, interrupted invocation
+            continue
+        dest = trial_path(out_dir, number)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with result.checkpoint.as_directory() as folder:
+            shutil.copyfile(Path(folder) / MODEL, dest)

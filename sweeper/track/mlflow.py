@@ -1,0 +1,166 @@
+"""MLflow as sweeper uses it, and nothing of sweeper's own: runs (optionally nested under a
+parent), params, sweeper's tags (under ``sweeper.``), metrics batched one call per step, JSON
+and file artifacts, and reading them back. Callers decide what a run means (a sweep, a trial).
+
+Uses ``MlflowClient`` with explicit run ids (no global active run), so worker processes and Ray
+actors can log their own runs under the same parent. A disabled tracker (no URI) does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
+TAG = "sweeper."  # sweeper's tag namespace
+MAX_PARAM = 6000  # characters MLflow keeps of a param value
+MAX_TAG = 5000  # characters of a tag value sweeper writes (MLflow allows 8,000)
+METRICS_PER_CALL = 1000  # MLflow's cap on metrics in one log_batch
+
+
+def resolve_uri(explicit: str | None = None) -> str:
+    """The tracking URI: ``explicit`` (the spec's tracking.mlflow_uri, or a command's option),
+    else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db. A relative sqlite path becomes absolute:
+    worker processes and Ray actors run in other folders."""
+    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri.removeprefix("sqlite:///")).resolve())
+    return uri
+
+
+class Tracker:
+    """One MLflow tracking server (or store) and experiment; ``uri=None``: disabled."""
+
+    def __init__(self, uri: str | None, experiment: str | None = None) -> None:
+        self.uri, self.experiment = uri, experiment
+        self._client = None
+        if uri is not None:
+            from mlflow.tracking import MlflowClient
+
+            # MLflow logs its database set-up at INFO; the sweep's own display says what matters.
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            self._client = MlflowClient(tracking_uri=uri)
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    @functools.cached_property
+    def _experiment_id(self) -> str:
+        found = self._client.get_experiment_by_name(self.experiment)
+        return found.experiment_id if found else self._client.create_experiment(self.experiment)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def start_run(self, name: str, *, parent: str | None = None, tags: dict[str, str] | None = None,
+                  params: dict[str, Any] | None = None) -> str | None:
+        """A new run in the experiment (nested under ``parent`` if given); returns its id."""
+        if not self.enabled:
+            return None
+        system = {"mlflow.parentRunId": parent} if parent else {}
+        run_id = self._client.create_run(self._experiment_id, run_name=name, tags=system).info.run_id
+        self._batch(run_id, params=params, tags=tags)
+        return run_id
+
+    def resume_run(self, run_id: str | None, tags: dict[str, str] | None = None) -> None:
+        """A finished or interrupted run goes on: RUNNING again (with these tags)."""
+        if run_id is None:
+            return
+        self._client.update_run(run_id, status="RUNNING")
+        self._batch(run_id, tags=tags)
+
+    def log_params(self, run_id: str | None, params: dict[str, Any]) -> None:
+        self._batch(run_id, params=params)
+
+    def set_tags(self, run_id: str | None, tags: dict[str, Any]) -> None:
+        self._batch(run_id, tags=tags)
+
+    def log_metrics(self, run_id: str | None, step: int, metrics: dict[str, float]) -> None:
+        """One step's metrics, in one call."""
+        if run_id is not None:
+            self.log_history(run_id, [metrics], first_step=step)
+
+    def log_history(self, run_id: str | None, history: list[dict[str, float]], first_step: int = 1) -> None:
+        """Steps first_step, first_step+1, ... at once, within MLflow's batch cap."""
+        if run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for step, h in enumerate(history, first_step) for k, v in h.items()]
+        for i in range(0, len(metrics), METRICS_PER_CALL):
+            self._client.log_batch(run_id, metrics=metrics[i:i + METRICS_PER_CALL])
+
+    def log_dict(self, run_id: str | None, data: dict[str, Any], path: str) -> None:
+        if run_id is not None:
+            self._client.log_dict(run_id, data, path)
+
+    def log_text(self, run_id: str | None, text: str, path: str) -> None:
+        if run_id is not None:
+            self._client.log_text(run_id, text, path)
+
+    def log_files(self, run_id: str | None, paths: list[Path], folder: str | None = None) -> None:
+        for path in paths if run_id is not None else []:
+            self._client.log_artifact(run_id, str(path), folder)
+
+    def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
+        """status: FINISHED, FAILED or KILLED."""
+        if run_id is not None:
+            self._client.set_terminated(run_id, status=status)
+
+    def _batch(self, run_id: str | None, params: dict[str, Any] | None = None,
+               tags: dict[str, Any] | None = None) -> None:
+        if run_id is None or not (params or tags):
+            return
+        from mlflow.entities import Param, RunTag
+
+        self._client.log_batch(run_id, params=[Param(k, str(v)[:MAX_PARAM]) for k, v in (params or {}).items()],
+                               tags=[RunTag(f"{TAG}{k}", str(v)[:MAX_TAG]) for k, v in (tags or {}).items()])
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def open_children(self, parent: str | None, tags: dict[str, str] | None = None) -> list[str]:
+        """Ids of ``parent``'s nested runs still RUNNING (with these sweeper tags, if given)."""
+        if parent is None or not self.enabled:
+            return []
+        exp = self._client.get_run(parent).info.experiment_id
+        having = "".join(f" and tags.`{TAG}{k}` = '{v}'" for k, v in (tags or {}).items())
+        runs = self._client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}' "
+                                                             f"and attributes.status = 'RUNNING'{having}")
+        return [r.info.run_id for r in runs]
+
+    def get_run(self, run_id: str) -> Any:
+        """The run (info, params, tags, last metrics); LookupError when it cannot be read."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(run_id)
+        except MlflowException as exc:
+            raise LookupError(f"run {run_id} at {self.uri}: {_first_line(exc)}") from None
+
+    def read_json(self, run_id: str, path: str) -> Any:
+        """A JSON artifact of the run, parsed; LookupError when it is not there or not JSON."""
+        from mlflow.exceptions import MlflowException
+
+        # one small file: MLflow's download progress bar would only clutter the output
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                return json.loads(Path(self._client.download_artifacts(run_id, path, tmp)).read_text())
+        except (MlflowException, OSError, ValueError) as exc:
+            raise LookupError(f"run {run_id} at {self.uri}: no readable {path} ({_first_line(exc)})") from None
+
+    def metric_history(self, run_id: str, key: str) -> list[Any]:
+        return self._client.get_metric_history(run_id, key)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

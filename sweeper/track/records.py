@@ -1,0 +1,113 @@
+"""The records that cross module boundaries, typed once: a trial as the table and summary.json
+show it (TrialRecord), what a running sweep tells its display (TrialEvent), and trial.json
+(TrialJson), the artifact on each trial's MLflow run from which `sweeper replay` and
+`sweeper export RUN_ID` rebuild the trial. Both backends build the same records; every reader
+validates what it reads."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sweeper.errors import UserError
+from sweeper.spec import SweepSpec
+from sweeper.track.mlflow import Tracker
+
+TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
+TRIAL_JSON = "trial.json"
+TRIAL_JSON_VERSION = 1  # bump on an incompatible change of TrialJson's fields
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrialRecord(_Record):
+    """One trial, as summary.json and the progress table show it (either backend)."""
+
+    number: int
+    state: TrialState
+    params: dict[str, Any]
+    value: float | None = None  # the objective's value of the last epoch (complete trials)
+    seed: int | None = None
+    reason: str | None = None  # why it was pruned or failed
+    epochs: int = 0
+    seconds: float | None = None  # training time in its worker
+    device: str | None = None
+    mlflow_run_id: str | None = None
+    history: list[dict[str, float]] = []  # per-epoch metrics
+    node_id: str | None = None  # the Ray node it ran on (backend ray)
+    node_ip: str | None = None
+    restarts: int = 0  # times it continued from its own checkpoint (backend ray)
+    exploits: list[dict[str, Any]] = []  # PBT: {epoch, donor, params} per exploit
+
+
+class TrialEvent(_Record):
+    """What a running sweep tells its observer: a trial started, finished an epoch, or ended."""
+
+    kind: Literal["start", "epoch", "end"]
+    number: int
+    params: dict[str, Any] = {}
+    epoch: int | None = None
+    metrics: dict[str, float] = {}
+    record: TrialRecord | None = None  # kind "end"
+
+    @classmethod
+    def start(cls, number: int, params: dict[str, Any] | None = None) -> TrialEvent:
+        return cls(kind="start", number=number, params=params or {})
+
+    @classmethod
+    def epoch_end(cls, number: int, epoch: int, metrics: dict[str, float]) -> TrialEvent:
+        return cls(kind="epoch", number=number, epoch=epoch, metrics=metrics)
+
+    @classmethod
+    def end(cls, record: TrialRecord) -> TrialEvent:
+        return cls(kind="end", number=record.number, record=record)
+
+
+class TrialJson(_Record):
+    """trial.json: everything `sweeper replay` needs to train the trial again, and
+    `sweeper export RUN_ID` needs to rebuild its model; the same keys on both backends."""
+
+    schema_version: Literal[1]
+    number: int
+    seed: int  # the trial's seed (the "trial" stream of the sweep seed)
+    params: dict[str, Any]
+    spec: SweepSpec  # the sweep's spec with the params applied
+    threads: int  # torch CPU threads it trained with (float results depend on them)
+    sweep_seed: int
+    sampler_seed: int | None  # the search algorithm's seed when it proposed the trial
+    data_seed: int  # what the data set plugin was given
+    plugins: dict[str, str]  # "model.cnn": "dist==version", per plugin the trial used
+    git_rev: str
+    checkpoint: str  # where the sweep keeps (or kept) its final training state
+    out_dir: str  # the sweep's output folder
+    exploits: list[dict[str, Any]] = []  # PBT: the exploits of its lineage when its run started
+
+
+def read_trial_json(data: Any, run_id: str) -> TrialJson:
+    """Validate a trial.json read from run ``run_id``; a UserError names the bad field."""
+    if isinstance(data, dict) and "schema_version" not in data:
+        raise UserError(f"run {run_id}: its trial.json has no schema_version: it was written by an older sweeper "
+                        f"(before version {TRIAL_JSON_VERSION}); replay or export it with that sweeper")
+    try:
+        return TrialJson.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
+                             + ("" if e["type"] == "missing" else f" (got {e.get('input')!r:.80})")
+                             for e in exc.errors()[:3])
+        raise UserError(f"run {run_id}: its trial.json is not valid: {problems}; it is not the file sweeper "
+                        f"wrote (expected schema version {TRIAL_JSON_VERSION})") from None
+
+
+def load_trial(tracker: Tracker, run_id: str) -> tuple[Any, TrialJson]:
+    """A trial's MLflow run and its validated trial.json; a UserError when either is missing or
+    the file is not what sweeper wrote."""
+    try:
+        run = tracker.get_run(run_id)
+        data = tracker.read_json(run_id, TRIAL_JSON)
+    except LookupError as exc:
+        raise UserError(f"{exc}: not a sweeper trial run with {TRIAL_JSON}; list trial runs in the MLflow UI "
+                        f"(the nested runs of a sweep)") from None
+    return run, read_trial_json(data, run_id)

@@ -1,0 +1,14 @@
+"""One trial in pure PyTorch: build it from the plugins, train it, checkpoint and resume it.
+
+No optuna, ray or mlflow here (an import-linter contract holds that): progress leaves through
+a ``report(epoch, metrics)`` callable that may raise ``TrialPruned``, which is what lets the
+same trial run under both backends, in a replay and in tests.
+
+- build.py       TrialConfig; seed and build data set, model, optimizer, schedule; run_trial; rebuild
+- trainer.py     the training loop (train/eval modes, AMP, accumulation, clipping, NaN guard)
+- execute.py     one trial to an Outcome, never raising for the trial's own failure
+- checkpoint.py  the training state: save atomically, load with weights_only, resume bitwise
+- batching.py    index batches over whole-tensor splits
+- seeding.py     named seed streams; seeding every RNG; torch thread and kernel settings
+- lr_finder.py   the learning-rate range test
+"""

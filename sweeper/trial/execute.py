@@ -1,0 +1,90 @@
+"""Run one trial to an Outcome, whatever happens inside it: the code every executor shares (this
+process, a worker process, a Ray actor, a replay). After every epoch it asks ``decide`` whether
+to stop (a pruner's answer); it never raises for the trial's own failure."""
+
+from __future__ import annotations
+
+import platform
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from sweeper.errors import TrialFailed, TrialPruned
+from sweeper.trial import checkpoint
+from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial.seeding import configure_torch
+from sweeper.trial.trainer import resolve_device
+
+# decide(number, epoch, metrics) -> True to stop (prune) the trial now
+Decide = Callable[[int, int, dict[str, float]], bool]
+STATES = ("complete", "pruned", "failed")
+
+
+@dataclass
+class Outcome:
+    number: int
+    state: str  # one of STATES
+    history: list[dict[str, float]] = field(default_factory=list)
+    reason: str | None = None
+    error: str | None = None  # traceback, for the trial's MLflow run
+    info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions, seconds
+
+
+def saves_state(config: TrialConfig, epoch: int) -> bool:
+    """True if the trial's training state is saved to ``config.checkpoint`` after this epoch."""
+    return bool(config.checkpoint) and bool(config.checkpoint_every) and epoch % config.checkpoint_every == 0
+
+
+def reason_of(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
+
+
+def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outcome:
+    """Train ``config`` on its device; save its final training state to ``config.checkpoint``."""
+    out = Outcome(config.number, "failed")
+    started = time.perf_counter()
+    extra = {"trial": config.number, "params": config.params}
+    last: dict[str, Any] = {}  # the latest training state and the epoch last saved
+
+    def on_epoch_end(state: checkpoint.State) -> None:
+        last["state"] = state
+        if saves_state(config, state["epoch"]):
+            checkpoint.save(Path(config.checkpoint), {**state, **extra})
+            last["saved"] = state["epoch"]
+
+    def report(epoch: int, metrics: dict[str, float]) -> None:
+        out.history.append(metrics)
+        if decide(config.number, epoch, metrics):
+            raise TrialPruned(f"pruned at epoch {epoch}")
+
+    try:
+        train = config.spec.train
+        if config.threads is not None:
+            configure_torch(threads=config.threads, deterministic=train.deterministic)
+        device = resolve_device(train.device, worker_index)
+        out.info = {"device": str(device), "device_name": _device_name(device), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+        resume = None
+        if config.resume is not None:
+            resume = checkpoint.Resume(checkpoint.load(Path(config.resume), device), config.new_hyperparameters)
+            out.history = [dict(h) for h in resume.state["history"]]
+            last["state"] = resume.state
+        run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end)
+        if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
+            checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
+        out.state = "complete"
+    except TrialPruned as exc:
+        out.state, out.reason = "pruned", str(exc)
+    except Exception as exc:  # a failing trial never kills the sweep
+        out.reason, out.error = reason_of(exc), traceback.format_exc()
+    out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
+    return out
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
