@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from sweeper import runner
 from sweeper import spec as spec_mod
-from sweeper.data import steps_per_epoch
-from sweeper.progress import QuietObserver
-from sweeper.trial import load_data
+from sweeper.search import runner
+from sweeper.track.progress import QuietObserver
+from sweeper.trial.batching import steps_per_epoch
+from sweeper.trial.build import load_data
 
 SPEC = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"
 WIDE = ["search.space.optimizer.args.lr={type: float, low: 1.0e-5, high: 1.0, log: true}",

@@ -36,6 +36,7 @@ def baseline(plan_path: str) -> None:
     from sklearn.datasets import load_digits
     from torch import nn
 
+    from sweeper.trial.seeding import derive
     from sweeper_plugins.models import cnn
 
     plan = json.loads(Path(plan_path).read_text())
@@ -46,7 +47,8 @@ def baseline(plan_path: str) -> None:
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     y = torch.tensor(y)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    split_seed = derive(0, "data")  # the split sweeper's digits plugin makes for sweep seed 0
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split_seed))
     val, train = order[:359], order[359:]
     x = (x - x[train].mean()) / x[train].std()
 

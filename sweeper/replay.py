@@ -14,6 +14,7 @@ from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import load_trial
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import execute
+from sweeper.trial.seeding import derive
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
 UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
@@ -54,6 +55,9 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
         if record.plugins.get(kind_name) != version:
             report.warnings.append(f"plugin {kind_name}: recorded {record.plugins.get(kind_name)}, "
                                    f"installed {version}")
+    if record.data_seed != derive(spec.seed, "data"):
+        report.warnings.append(f"data seed: recorded {record.data_seed}, this sweeper derives "
+                               f"{derive(spec.seed, 'data')} (the data split may differ)")
     recorded_state = tags.get(f"{TAG}state")
 
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:

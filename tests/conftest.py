@@ -40,11 +40,13 @@ def write_spec(path: Path, base: str = "smoke", **changes: object) -> Path:
 
 
 def sweeper(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
+    """Run the real CLI in a subprocess, as a user would. Whatever the outcome (a result, a user
+    error with exit 2, a sweep without a completed trial), the CLI never shows a traceback."""
     proc = subprocess.run([sys.executable, "-m", "sweeper", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
     if check and proc.returncode != 0:
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    assert "Traceback" not in proc.stdout + proc.stderr, f"sweeper {' '.join(args)}:\n{proc.stderr}"
     return proc
 
 
@@ -114,3 +116,30 @@ def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
         (folder / name).write_bytes(pickle.dumps(batch))
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+
+
+@pytest.fixture
+def gate(site: Path, tmp_path: Path) -> Path:
+    """The `gate` schedule plugin (tests/plugins/sweeper_test_gate.py) installed as a distribution;
+    returns the folder to pass as its ``folder`` argument."""
+    source = (Path(__file__).parent / "plugins" / "sweeper_test_gate.py").read_text()
+    make_dist(site, "sweeper-test-gate", "1.0", {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
+              {"sweeper_test_gate.py": source})
+    from sweeper.pluginhost import registry
+
+    registry.refresh()
+    return tmp_path / "gate"
+
+
+def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 300, what: str = "") -> None:
+    """Poll ``condition`` until it holds. ``timeout`` only bounds a broken run: a test synchronises
+    on the event, never on how fast something runs. Fails at once if ``proc`` exits first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what or 'the event'}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what or 'event'} within {timeout:.0f} s")
+        time.sleep(0.2)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import children, sweeper, write_spec
+from conftest import children, sweeper, wait_for, write_spec
 from raycluster import LoopbackCluster
 
 
@@ -90,7 +90,7 @@ def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, 
         " ".join(refused.stderr.split())
     # every node of this cluster is on this machine: a local folder is a shared mount for them
     shared = f"search.ray.storage_path=file://{workdir / 'ray'}"
-    sweeper("run", str(spec), shared, "--out", "out", "-q", check=True)
+    sweeper("run", str(spec), shared, "export.keep_checkpoints=all", "--out", "out", "-q", check=True)
     assert len(cluster.alive_nodes()) == 2  # the sweep disconnected from the cluster, it did not stop it
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     trials = summary["trials"]
@@ -99,6 +99,23 @@ def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, 
     client = MlflowClient(mlflow_uri)
     runs = children(client, summary["mlflow"]["parent_run_id"])
     assert {r.data.tags["sweeper.ray_node_id"] for r in runs} == set(cluster.node_ids)
+
+    # keep_checkpoints: all fetched every trial's final state from the shared storage
+    assert sorted(p.name for p in (workdir / "out" / "checkpoints").iterdir()) == \
+        [f"trial-{n:05d}.pt" for n in range(4)]
+    # trial.json: the same fields as on the Optuna backend; `sweeper export` takes a Ray trial's
+    # run, here one that is not the best and ran on the other node than the best
+    from sweeper.track.records import TrialJson
+
+    record = json.loads(Path(client.download_artifacts(runs[0].info.run_id, "trial.json", str(workdir))).read_text())
+    assert set(record) == set(TrialJson.model_fields)
+    best = summary["best"]["number"]
+    other = next(t for t in trials if t["number"] != best and t["node_id"] != trials[best]["node_id"])
+    proc = sweeper("export", other["mlflow_run_id"], "--formats", "onnx", "--out", "later", check=True)
+    report = json.loads((workdir / "later" / "export.json").read_text())
+    assert report["source"]["trial"] == other["number"] and "error" not in report["formats"][0]
+    assert report["eager_val_acc"] == other["value"] and "later/model.onnx" in proc.stdout
+    assert "export/model.onnx" in {a.path for a in client.list_artifacts(other["mlflow_run_id"], "export")}
 
 
 def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
@@ -125,51 +142,48 @@ def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, clus
     assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 2
 
 
-def _state_saved_after(out: Path, finished: list) -> bool:
-    """Tune restores what its last experiment snapshot holds: kill only once a snapshot was
-    written after the finished trials ended (a kill in between re-runs them, by design)."""
-    ended = max(r.info.end_time or 0 for r in finished) / 1000
-    snapshots = list(out.rglob("experiment_state*.json"))
-    return bool(snapshots) and max(p.stat().st_mtime for p in snapshots) > ended + 0.2
+def _finished_in_snapshot(out: Path) -> int:
+    """Trials that Tune's latest experiment snapshot (what a re-run restores) holds as finished."""
+    snapshots = sorted(out.rglob("experiment_state-*.json"))
+    try:
+        trials = json.loads(snapshots[-1].read_text())["trial_data"] if snapshots else []
+    except (OSError, ValueError, KeyError):  # being replaced: read the next one
+        return 0
+    return sum(json.loads(state)["status"] == "TERMINATED" for state, _ in trials)
 
 
-def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str):
-    # slow trials (~1 s per epoch), one at a time, so the kill lands mid-sweep
+def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str, gate: Path):
+    # one trial at a time; the third one stops at its second epoch until released (the gate
+    # plugin), so the kill lands while trials 0-1 are done and trial 2 runs, whatever the speed
     spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=4, pruner={"type": "none"},
                     ray={"num_cpus": 1, "max_concurrent_trials": 1})
-    slow = ["dataset.args.num_train=8192", "train.batch_size=16", "train.epochs=8"]
-    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *slow, "--out", "out", "-q"]
+    args = ["train.epochs=3", f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 3, epoch: 2}}}}"]
+    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (gate / "blocked").exists(), proc, what="the third trial reaching its gate")
+        # Tune restores what its last snapshot holds: kill once it holds the two finished trials
+        wait_for(lambda: _finished_in_snapshot(workdir / "out") == 2, proc, what="a snapshot with 2 finished trials")
+    finally:
+        # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
+        # this driver started goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     client = MlflowClient(mlflow_uri)
-    exp = None
-    deadline, done_before, running = time.time() + 240, [], None
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-        exp = exp or client.get_experiment_by_name("ray-resume")
-        if exp is None:
-            continue
-        runs = client.search_runs([exp.experiment_id], "tags.`sweeper.kind` = 'trial'")
-        done_before = [r for r in runs if r.data.tags.get("sweeper.state") == "complete"]
-        # mid-run: 1-5 of 8 epochs logged (~1 s each), so it cannot finish in the moment before the
-        # kill, and Tune's next snapshot (every 2 s) falls inside that window
-        running = next((r for r in runs if r.info.status == "RUNNING"
-                        and 1 <= len(client.get_metric_history(r.info.run_id, "val_acc")) <= 5), None)
-        if done_before and running and _state_saved_after(workdir / "out", done_before):
-            break
-    # no clean-up: like a crash or a lost login node; the whole process group, so the local Ray
-    # this driver started goes with it
-    assert proc.poll() is None, "the sweep ended before a snapshot held a finished trial and another ran"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert done_before and running, "the sweep never got to a completed trial and a running one"
-    assert client.get_run(running.info.run_id).info.status == "RUNNING", "the trial ended before the kill"
+    exp = client.get_experiment_by_name("ray-resume")
+    runs = client.search_runs([exp.experiment_id], "tags.`sweeper.kind` = 'trial'")
+    done_before = [r for r in runs if r.data.tags.get("sweeper.state") == "complete"]
+    (running,) = [r for r in runs if r.info.status == "RUNNING"]
+    assert len(done_before) == 2 and running.data.tags["sweeper.trial"] == "2"
+    assert len(client.get_metric_history(running.info.run_id, "val_acc")) == 1  # stopped in epoch 2
 
+    (gate / "release").touch()
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     trials = summary["trials"]
     assert [t["number"] for t in trials] == [0, 1, 2, 3]
-    assert all(t["state"] == "complete" and t["epochs"] == 8 for t in trials)
+    assert all(t["state"] == "complete" and t["epochs"] == 3 for t in trials)
     by_run = {t["mlflow_run_id"]: t for t in trials}
     for r in done_before:  # finished before the kill: kept as they were, not trained again
         assert r.info.run_id in by_run
@@ -177,7 +191,7 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
     # the interrupted trial ran again from its start, in a new MLflow run; the old one is closed
     killed = client.get_run(running.info.run_id)
     assert killed.info.status == "KILLED" and killed.data.tags["sweeper.state"] == "interrupted"
-    again = next(t for t in trials if t["number"] == int(running.data.tags["sweeper.trial"]))
+    again = next(t for t in trials if t["number"] == 2)
     assert again["mlflow_run_id"] != running.info.run_id
     assert summary["mlflow"]["parent_run_id"] == running.data.tags["mlflow.parentRunId"]
     assert len(children(client, summary["mlflow"]["parent_run_id"])) == 5  # 4 trials + 1 interrupted run
@@ -215,31 +229,26 @@ def _ray_worker(pid: int) -> bool:
         return False
 
 
-def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Path, mlflow_uri: str):
-    # ~1 s epochs, one trial at a time; search.ray.max_failures: 1 makes trials checkpoint every epoch
+def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Path, mlflow_uri: str, gate: Path):
+    # one trial at a time; search.ray.max_failures: 1 makes trials checkpoint every epoch; trial 0
+    # stops at the start of epoch 4 (the gate plugin), after report(epoch 3) stored its checkpoint
     spec = ray_spec(workdir / "s.yaml", "ray-retry", n_trials=2, sampler="random", pruner={"type": "none"},
                     ray={"num_cpus": 1, "max_concurrent_trials": 1, "max_failures": 1})
-    epochs = 6
-    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), "dataset.args.num_train=8192", "train.batch_size=16",
-           f"train.epochs={epochs}", "--out", "out", "-q"]
+    epochs, stop = 6, 4
+    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), f"train.epochs={epochs}", "--out", "out", "-q",
+           f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 1, epoch: {stop}}}}}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     client = MlflowClient(mlflow_uri)
-    victim, deadline = None, time.time() + 240
     try:
-        while victim is None and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.3)
-            exp = client.get_experiment_by_name("ray-retry")
-            runs = client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'") if exp else []
-            # epoch 3 logged: the worker is past report(epoch 2), which stored epoch 2's checkpoint
-            if runs and runs[0].info.status == "RUNNING" and \
-                    len(client.get_metric_history(runs[0].info.run_id, "val_acc")) >= 3:
-                victim = runs[0]
-        assert victim is not None, "trial 0 never got to epoch 3 while the sweep ran"
+        wait_for(lambda: (gate / "blocked").exists() and (gate / "blocked").read_text(), proc,
+                 what="trial 0 reaching its gate")
+        exp = client.get_experiment_by_name("ray-retry")
+        (victim,) = client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'")
         pid = int(victim.data.tags["sweeper.pid"])
-        assert _ray_worker(pid), f"pid {pid} (tag sweeper.pid) is not a live Ray worker"
+        assert (gate / "blocked").read_text() == str(pid) and _ray_worker(pid), f"pid {pid} is not the trial's worker"
         os.kill(pid, signal.SIGKILL)  # like a lost node: no clean-up in the worker
         done_at_kill = len(client.get_metric_history(victim.info.run_id, "val_acc"))
-        assert done_at_kill < epochs, "trial 0 finished before the kill landed"
+        assert done_at_kill == stop - 1
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -255,7 +264,7 @@ def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Pat
     run = client.get_run(victim.info.run_id)
     resumed_from = int(run.data.tags["sweeper.resumed_from_epoch"])
     assert run.info.status == "FINISHED" and run.data.tags["sweeper.restarts"] == "1"
-    assert 2 <= resumed_from <= done_at_kill and run.data.tags["sweeper.pid"] != str(pid)
+    assert resumed_from == done_at_kill and run.data.tags["sweeper.pid"] != str(pid)
     logged = client.get_metric_history(run.info.run_id, "val_acc")
     steps = [m.step for m in logged]
     assert sorted(set(steps)) == list(range(1, epochs + 1))

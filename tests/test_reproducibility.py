@@ -70,11 +70,15 @@ def test_replay_detects_a_different_trial(runs, mlflow_uri: str, tmp_path: Path)
 
 
 def test_every_trial_records_what_replay_needs(runs, mlflow_uri: str, tmp_path: Path):
+    from sweeper.track.records import TrialJson
+
     client = MlflowClient(mlflow_uri)
     trial = json.loads((runs["first"] / "summary.json").read_text())["trials"][0]
     run = client.get_run(trial["mlflow_run_id"])
     record = json.loads(Path(client.download_artifacts(run.info.run_id, "trial.json", str(tmp_path))).read_text())
     assert set(record) >= {"spec", "seed", "params", "threads", "sampler_seed", "plugins", "git_rev"}
+    assert set(record) == set(TrialJson.model_fields) and record["schema_version"] == 1  # test_ray: the same keys
+    assert record["checkpoint"].endswith(f"checkpoints/trial-{trial['number']:05d}.pt")
     for tag in ("torch", "cuda", "device", "device_name", "threads", "data_fingerprint", "seed", "git_rev"):
         assert f"sweeper.{tag}" in run.data.tags
 
@@ -82,3 +86,23 @@ def test_every_trial_records_what_replay_needs(runs, mlflow_uri: str, tmp_path: 
 def test_replay_of_an_unknown_run_is_a_user_error():
     proc = sweeper("replay", "0123456789abcdef")
     assert proc.returncode == 2 and "not a sweeper trial run" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("forge, field", [
+    (lambda r: {k: v for k, v in r.items() if k != "seed"}, "seed: Field required"),
+    (lambda r: {**r, "threads": "many"}, "threads: Input should be a valid integer"),
+    (lambda r: {**r, "spec": {**r["spec"], "train": {**r["spec"]["train"], "epochs": "ten"}}},
+     "spec.train.epochs: Input should be a valid integer"),
+])
+def test_a_forged_trial_json_is_a_user_error_naming_the_field(runs, mlflow_uri: str, tmp_path: Path, forge, field):
+    client = MlflowClient(mlflow_uri)
+    trial = json.loads((runs["first"] / "summary.json").read_text())["trials"][0]
+    original = client.get_run(trial["mlflow_run_id"])
+    record = json.loads(Path(client.download_artifacts(original.info.run_id, "trial.json", str(tmp_path))).read_text())
+    forged = client.create_run(original.info.experiment_id, tags=original.data.tags)
+    client.log_dict(forged.info.run_id, forge(record), "trial.json")
+    for command in ("replay", "export"):
+        proc = sweeper(command, forged.info.run_id)
+        text = " ".join(proc.stderr.split())
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        assert f"its trial.json is not valid: {field}" in text and "Traceback" not in proc.stderr, (command, text)

@@ -71,15 +71,28 @@ def test_grad_clip_bounds_each_update():
 
 def test_plateau_schedule_steps_per_epoch_on_val_loss():
     trained = run_trial(config("schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}",
-                               "optimizer.args={lr: 1.0e-5}", "train.epochs=4"), lambda e, m: None, CPU)
+                               "optimizer.args={lr: 0.1}", "train.epochs=4"), lambda e, m: None, CPU)
     lrs = [h["lr"] for h in trained.history]
-    assert lrs[0] == 1e-5 and all(b <= a for a, b in zip(lrs, lrs[1:]))
+    # patience 0: the LR halves after each epoch whose validation loss is not below the best so
+    # far (ReduceLROnPlateau's relative threshold 1e-4), and only then: it steps per epoch
+    expected, best = [0.1], trained.history[0]["val_loss"]
+    for h in trained.history[1:]:
+        expected.append(expected[-1] if h["val_loss"] < best * (1 - 1e-4) else expected[-1] * 0.5)
+        best = min(best, h["val_loss"])
+    assert lrs == pytest.approx(expected) and lrs[-1] < lrs[0]  # this config's LR does drop
 
 
 def test_bf16_autocast_runs_on_cpu():
     cfg = config("train.device=cpu", "train.precision=bf16")
-    trained = run_trial(cfg, lambda e, m: None, CPU)  # bf16 autocast works on CPU
-    assert trained.history[-1]["val_acc"] > 0
+    seen: dict[bool, set[torch.dtype]] = {True: set(), False: set()}  # training mode -> output dtypes
+
+    def watch(parts):
+        parts.model.register_forward_hook(lambda m, args, out: seen[m.training].add(out.dtype))
+
+    trained = run_trial(cfg, lambda e, m: None, CPU, before_fit=watch)
+    assert seen == {True: {torch.bfloat16}, False: {torch.bfloat16}}  # training and evaluation ran in bf16
+    assert trained.history[-1]["val_acc"] > 0.5
+    assert all(p.dtype == torch.float32 for p in trained.model.parameters())  # weights stay fp32
 
 
 def test_deterministic_mode_switches_torch_to_deterministic_kernels():

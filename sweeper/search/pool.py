@@ -110,7 +110,10 @@ class ProcessPool:
                 self._restart(index)
 
     def _restart(self, index: int) -> None:
+        """A new worker in the dead one's place, with new queues: a process killed while waiting
+        for a reply dies holding its queue's read lock, which would block its successor forever."""
         ctx = mp.get_context("spawn")
+        self.tasks_q[index], self.replies_q[index] = ctx.Queue(), ctx.Queue()
         self.procs[index] = ctx.Process(target=_worker_loop, daemon=True,
                                         args=(index, self.tasks_q[index], self.replies_q[index], self.results_q))
         self.procs[index].start()

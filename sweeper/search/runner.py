@@ -3,6 +3,7 @@ export -> record. Nothing here depends on which backend searches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -81,7 +82,12 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     ctx = SearchContext(out_dir, tracker, SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
                         observer, enqueue=list(warm.enqueue) if warm else [])
     started = time.perf_counter()
-    result = searcher.run(spec, ctx)
+    try:
+        result = searcher.run(spec, ctx)
+    except BaseException as exc:  # the sweep's run says it stopped; a re-run resumes it
+        with contextlib.suppress(Exception):  # the original error is what the user must see
+            tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
     checkpoints.prune(spec, result.records, out_dir)
     summary = summarize(spec, result, out_dir, tracker, parent)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time

@@ -100,7 +100,7 @@ class PrunerSpec(_Strict):
 
 
 class LRFinderSpec(_Strict):
-    """LR range test before the search, to warm-start it (see sweeper/warm_start.py)."""
+    """LR range test before the search, to warm-start it (see sweeper/search/warm_start.py)."""
 
     enabled: bool = False
     steps: int = Field(default=100, ge=10, description="optimizer steps of each range test (its cost)")

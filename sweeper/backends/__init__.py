@@ -1,1 +1,0 @@
-"""Orchestration backends: they decide which trial runs next and which is stopped."""

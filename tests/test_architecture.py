@@ -1,0 +1,77 @@
+"""The architecture holds: import contracts (import-linter) that fail on a violation, files of
+at most 400 lines, and a README Layout section that lists the package tree as it is."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+MAX_LINES = 400
+LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
+                              "sys.exit(c(['--no-logo', '--no-cache']))"]
+
+
+def test_no_file_is_over_400_lines():
+    sources = [p for folder in ("sweeper", "plugins", "tests", "benchmarks", "examples") for p in
+               (REPO / folder).rglob("*.py")]
+    long = {str(p.relative_to(REPO)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert sources and not long
+
+
+def layout_tree() -> set[str]:
+    """The sweeper/ paths README's Layout section lists (nesting by two-space indentation)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.splitlines()[1:]:
+        match = re.match(r"( *)(\S+)", line)
+        if not match:
+            continue
+        depth, name = len(match.group(1)) // 2, match.group(2)
+        stack = stack[:depth] + [name]
+        if stack[0] == "sweeper/" and (name.endswith("/") or name.endswith(".py")):
+            paths.add("".join(stack).rstrip("/"))
+    return paths
+
+
+def test_readme_layout_matches_the_tree():
+    root = REPO / "sweeper"
+    modules = list(root.rglob("*.py"))
+    actual = {str(p.relative_to(REPO)) for p in modules if p.name != "__init__.py"}
+    actual |= {str(p.parent.relative_to(REPO)) for p in modules}  # the packages
+    assert layout_tree() == actual
+
+
+def lint(package_root: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts, on the sweeper package found under package_root."""
+    return subprocess.run(LINT, cwd=package_root, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"})
+
+
+def test_import_contracts_hold():
+    proc = lint(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Contracts: 4 kept, 0 broken." in proc.stdout
+
+
+@pytest.mark.parametrize("module, line, broken", [
+    ("trial/batching.py", "import sweeper.search.runner", "sweeper.trial.batching -> sweeper.search.runner"),
+    ("trial/trainer.py", "import mlflow", "one trial is pure PyTorch"),
+    ("track/mlflow.py", "from sweeper.spec import SweepSpec", "the tracker is a generic MLflow adapter"),
+    ("search/checkpoints.py", "from sweeper.search import runner", "no import cycles"),
+])
+def test_a_deliberate_violation_fails_the_contracts(tmp_path: Path, module: str, line: str, broken: str):
+    shutil.copytree(REPO / "sweeper", tmp_path / "sweeper", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    target = tmp_path / "sweeper" / module
+    target.write_text(f"{line}  # a deliberate violation\n" + target.read_text())
+    proc = lint(tmp_path)
+    assert proc.returncode == 1 and "BROKEN" in proc.stdout and broken in proc.stdout, proc.stdout + proc.stderr

@@ -1,0 +1,138 @@
+"""The Optuna coordinator without worker processes or MLflow: a real Optuna study, an executor
+that trains nothing (each epoch's metric is a function of the trial's params), and a recording
+observer. Reproducible batches must give one trial table whatever the slots and the order in
+which trials finish; pruning looks at earlier batches only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import SPACES
+from sweeper.search.backend import SearchContext
+from sweeper.search.optuna.coordinator import Coordinator
+from sweeper.search.optuna.study import make_pruner, make_sampler
+from sweeper.search.trial_runs import SweepInfo
+from sweeper.spec import load
+from sweeper.track.mlflow import Tracker
+from sweeper.trial.build import TrialConfig
+from sweeper.trial.execute import Outcome
+from sweeper.trial.seeding import sampler_seed, trial_seed
+
+
+def val_acc(params: dict, epoch: int) -> float:
+    """Better near lr = 1e-2, growing with the epoch."""
+    return epoch / 3 * (1 - abs(math.log10(params["optimizer.args.lr"]) + 2) / 3)
+
+
+class Scripted:
+    """An executor whose trials 'train' instantly; finishes them in submission order or reversed."""
+
+    def __init__(self, coordinator: Coordinator, slots: int, reverse: bool) -> None:
+        self.coordinator, self.capacity, self.reverse = coordinator, slots, reverse
+        self.running: list[TrialConfig] = []
+
+    @property
+    def slots(self) -> int:
+        return self.capacity - len(self.running)
+
+    def submit(self, task: TrialConfig) -> None:
+        self.running.append(task)
+
+    def results(self):
+        order, self.running = (self.running[::-1] if self.reverse else self.running), []
+        for task in order:
+            yield self._train(task)
+
+    def _train(self, task: TrialConfig) -> Outcome:
+        history = []
+        for epoch in range(1, task.spec.train.epochs + 1):
+            metrics = {"val_acc": val_acc(task.params, epoch)}
+            history.append(metrics)
+            prune = self.coordinator.decide(task.number, epoch, metrics)
+            self.coordinator.record(task.number, epoch, metrics)
+            if prune:
+                return Outcome(task.number, "pruned", history, reason=f"pruned at epoch {epoch}")
+        return Outcome(task.number, "complete", history, info={"seconds": 0.0})
+
+    def close(self) -> None:
+        pass
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def started(self, spec, out_dir) -> None:
+        pass
+
+    def event(self, event) -> None:
+        self.seen.append((event.kind, event.number))
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def sweep(tmp_path: Path, *overrides: str, slots: int = 1, reverse: bool = False, budget: int | None = 10,
+          enqueue: tuple[float, ...] = ()):
+    spec = load(SPACES / "smoke.yaml", ["search.pruner={type: median, min_epochs: 1, startup_trials: 2}",
+                                        *overrides])
+    # in memory, otherwise as open_study makes it
+    study = optuna.create_study(direction="maximize", pruner=make_pruner(spec), sampler=make_sampler(spec, 0))
+    for lr in enqueue:  # trials with these learning rates first
+        study.enqueue_trial({"optimizer.args.lr": lr, "model.args.hidden": 16})
+    events = Events()
+    ctx = SearchContext(tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events)
+    coordinator = Coordinator(spec, study, ctx)
+    coordinator.run(budget, Scripted(coordinator, slots, reverse))
+    return coordinator, events
+
+
+def table(coordinator: Coordinator) -> list:
+    return [(r.number, r.state, r.params, r.value, r.seed, r.epochs) for r in coordinator.records()]
+
+
+def test_reproducible_batches_ignore_slots_and_finishing_order(tmp_path: Path):
+    one, _ = sweep(tmp_path / "a")
+    first = table(one)
+    assert [row[0] for row in first] == list(range(10))
+    assert {row[1] for row in first} == {"complete", "pruned"}  # pruning decisions are covered
+    assert [row[4] for row in first] == [trial_seed(0, n) for n in range(10)]
+    for slots, reverse in ((4, False), (4, True), (3, True)):
+        other, _ = sweep(tmp_path / f"{slots}{reverse}", slots=slots, reverse=reverse)
+        assert table(other) == first, (slots, reverse)
+
+
+def test_batches_are_sampled_from_their_own_seed(tmp_path: Path):
+    coordinator, events = sweep(tmp_path, budget=6)  # batches of 4 and 2
+    assert coordinator.sampler_seed == sampler_seed(0, 4) != trial_seed(0, 4)  # named streams differ
+    # every trial: start, one event per epoch it ran, end; one at a time with one slot
+    for r in coordinator.records():
+        mine = [kind for kind, n in events.seen if n == r.number]
+        assert mine == ["start", *["epoch"] * r.epochs, "end"]
+
+
+def test_a_trial_is_pruned_against_earlier_batches_only(tmp_path: Path):
+    lrs = (1e-2, 1e-2, 1e-4, 1e-4, 1e-4)  # two good trials, then three bad ones
+    coordinator, _ = sweep(tmp_path, "search.batch_size=4", budget=5, enqueue=lrs)
+    # trials 2 and 3 are worse than 0 and 1, but in the same batch: not pruned; trial 4 is
+    assert [r.state for r in coordinator.records()] == ["complete"] * 4 + ["pruned"]
+    eager, _ = sweep(tmp_path / "b", "search.reproducible=false", budget=5, enqueue=lrs)
+    # without batches, every bad trial meets the finished good ones
+    assert [r.state for r in eager.records()] == ["complete"] * 2 + ["pruned"] * 3
+
+
+def test_grid_sampler_runs_each_point_once(tmp_path: Path):
+    coordinator, _ = sweep(tmp_path, "search.sampler=grid", "search.space.optimizer.args.lr="
+                           "{type: categorical, choices: [1.0e-3, 1.0e-2]}", budget=None)
+    points = sorted((r.params["optimizer.args.lr"], r.params["model.args.hidden"]) for r in coordinator.records())
+    assert points == [(1e-3, 16), (1e-3, 32), (1e-2, 16), (1e-2, 32)]
+
+
+@pytest.mark.parametrize("budget", [0, 3])
+def test_the_budget_is_kept(tmp_path: Path, budget: int):
+    coordinator, _ = sweep(tmp_path, budget=budget)
+    assert len(coordinator.records()) == budget

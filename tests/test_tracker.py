@@ -1,0 +1,71 @@
+"""The MLflow adapter against a real MLflow store (sqlite): nested runs, sweeper's tag namespace,
+metrics per step, JSON artifacts read back, open children, and a disabled tracker that does
+nothing; where the tracking URI comes from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from sweeper.track.mlflow import DEFAULT_URI, TAG, Tracker, resolve_uri
+
+
+def test_runs_nest_and_hold_what_was_logged(mlflow_uri: str, tmp_path: Path):
+    tracker = Tracker(mlflow_uri, "tracker-unit")
+    parent = tracker.start_run("sweep", tags={"kind": "sweep"}, params={"seed": 3, "long": "x" * 7000})
+    child = tracker.start_run("trial-0", parent=parent, tags={"kind": "trial", "trial": 0})
+    other = tracker.start_run("trial-1", parent=parent, tags={"kind": "trial", "trial": 1})
+    tracker.log_metrics(child, 1, {"val_acc": 0.5, "val_loss": 1.0})
+    tracker.log_history(child, [{"val_acc": 0.6}, {"val_acc": 0.7}], first_step=2)
+    tracker.log_dict(child, {"a": [1, 2]}, "trial.json")
+    (tmp_path / "f.txt").write_text("hello")
+    tracker.log_files(child, [tmp_path / "f.txt"], "files")
+
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(child)
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags[f"{TAG}trial"] == "0"
+    assert client.get_run(parent).data.params["long"] == "x" * 6000  # MLflow's cap on a param, not an error
+    assert [(m.step, m.value) for m in sorted(tracker.metric_history(child, "val_acc"), key=lambda m: m.step)] == \
+        [(1, 0.5), (2, 0.6), (3, 0.7)]
+    assert tracker.read_json(child, "trial.json") == {"a": [1, 2]}
+    assert "files/f.txt" in {a.path for a in client.list_artifacts(child, "files")}
+
+    assert set(tracker.open_children(parent)) == {child, other}
+    assert tracker.open_children(parent, {"trial": "1"}) == [other]
+    tracker.end_run(other, "KILLED")
+    assert tracker.open_children(parent) == [child] and client.get_run(other).info.status == "KILLED"
+    tracker.resume_run(other, {"restarts": "1"})
+    assert client.get_run(other).info.status == "RUNNING"
+    assert client.get_run(other).data.tags[f"{TAG}restarts"] == "1"
+
+
+def test_reading_what_is_not_there_is_a_lookup_error(mlflow_uri: str):
+    tracker = Tracker(mlflow_uri, "tracker-unit")
+    with pytest.raises(LookupError, match="run 0123456789abcdef at sqlite"):
+        tracker.get_run("0123456789abcdef")
+    run = tracker.start_run("no-artifact")
+    with pytest.raises(LookupError, match="no readable trial.json"):
+        tracker.read_json(run, "trial.json")
+
+
+def test_a_disabled_tracker_does_nothing(tmp_path: Path):
+    tracker = Tracker(None)
+    assert not tracker.enabled and tracker.start_run("x", tags={"a": "b"}) is None
+    for call in (lambda: tracker.log_metrics(None, 1, {"a": 1.0}), lambda: tracker.set_tags(None, {"a": 1}),
+                 lambda: tracker.log_dict(None, {}, "x.json"), lambda: tracker.end_run(None),
+                 lambda: tracker.log_files(None, [tmp_path / "missing"]), lambda: tracker.resume_run(None)):
+        call()  # no MLflow, no error
+    assert tracker.open_children(None) == [] and not list(tmp_path.iterdir())
+
+
+def test_tracking_uri_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_uri("http://mlflow:5000") == "http://mlflow:5000"  # the spec's or the command's
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    assert resolve_uri(None) == "http://env:5000"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    # MLflow's default, made absolute: workers and Ray actors log from other folders
+    assert DEFAULT_URI == "sqlite:///mlflow.db" and resolve_uri(None) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert resolve_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
