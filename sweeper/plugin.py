@@ -3,7 +3,7 @@
 Each kind has one entry-point group; the entry-point name is what a spec writes:
 
 - ``sweeper.datasets``: ``factory(*, seed=..., **args) -> DataSplits``. ``seed`` (the sweep
-  seed, so every trial sees the same split) is passed only when the factory accepts it.
+  seed's "data" stream, so every trial sees the same split) is passed only when the factory accepts it.
 - ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``.
 - ``sweeper.optimizers``: ``factory(params, **args) -> torch.optim.Optimizer``
   (``torch.optim.SGD`` itself qualifies).

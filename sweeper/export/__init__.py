@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from sweeper.export import formats, verify

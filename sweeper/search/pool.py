@@ -8,7 +8,7 @@ in the main process) whether to go on; tracking and storage writes stay with the
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator, Protocol
 
 from sweeper.trial.build import TrialConfig
@@ -62,75 +62,93 @@ class InlineExecutor:
 
 
 class ProcessPool:
-    """``n`` spawned worker processes, each running one trial at a time."""
+    """``n`` spawned worker processes, each running one trial at a time.
+
+    Each worker talks to this process over a pipe of its own (task, epoch question, answer,
+    outcome): nothing is shared between workers, so a worker killed at any moment (an OOM kill,
+    a crash in native code) takes only its own pipe with it. Queues shared by all workers would
+    not do: a worker killed while it holds a queue's lock blocks every other worker's writes."""
 
     def __init__(self, n: int, decide: Decide, record: Record) -> None:
-        ctx = mp.get_context("spawn")  # forking after torch/sqlite have started is unsafe
+        self.ctx = mp.get_context("spawn")  # forking after torch/sqlite have started is unsafe
         self.decide, self.record = decide, record
-        self.results_q = ctx.Queue()
-        self.tasks_q = [ctx.Queue() for _ in range(n)]
-        self.replies_q = [ctx.Queue() for _ in range(n)]
-        self.procs = [ctx.Process(target=_worker_loop, args=(i, self.tasks_q[i], self.replies_q[i], self.results_q),
-                                  daemon=True) for i in range(n)]
-        for p in self.procs:
-            p.start()
+        self.procs: list[Any] = [None] * n
+        self.conns: list[Connection] = [None] * n  # type: ignore[list-item]
+        for index in range(n):
+            self._start_worker(index)
         self.running: dict[int, TrialConfig] = {}  # worker index -> its task
 
     @property
     def slots(self) -> int:
         return len(self.procs) - len(self.running)
 
+    def _start_worker(self, index: int) -> None:
+        mine, theirs = self.ctx.Pipe()
+        self.procs[index] = self.ctx.Process(target=_worker_loop, args=(index, theirs), daemon=True)
+        self.procs[index].start()
+        theirs.close()  # the worker's end lives in the worker: its death reads as end-of-file here
+        self.conns[index] = mine
+
     def submit(self, task: TrialConfig) -> None:
         index = next(i for i in range(len(self.procs)) if i not in self.running)
         self.running[index] = task
-        self.tasks_q[index].put(task)
+        _send(self.conns[index], task)
 
     def results(self) -> Iterator[Outcome]:
         """Serve pruning questions until at least one trial has finished; yield the finished."""
         while self.running:
-            try:
-                kind, index, payload = self.results_q.get(timeout=POLL_S)
-            except queue.Empty:
+            ready = wait([self.conns[i] for i in self.running], timeout=POLL_S)
+            if not ready:
                 yield from self._reap_dead()
                 continue
-            if kind == "epoch":
-                number, epoch, metrics = payload
-                self.replies_q[index].put(self.decide(number, epoch, metrics))
-                self.record(number, epoch, metrics)
-            else:
-                del self.running[index]
-                yield payload
-                return
+            for conn in ready:
+                index = self.conns.index(conn)
+                try:
+                    kind, payload = conn.recv()
+                except (EOFError, OSError):  # the worker is gone
+                    yield from self._reap_dead(wait_s=POLL_S)
+                    return
+                if kind == "epoch":
+                    number, epoch, metrics = payload
+                    _send(conn, self.decide(number, epoch, metrics))
+                    self.record(number, epoch, metrics)
+                else:
+                    del self.running[index]
+                    yield payload
+                    return
 
-    def _reap_dead(self) -> Iterator[Outcome]:
-        for index, proc in enumerate(self.procs):
-            if index in self.running and not proc.is_alive():
+    def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:
+        for index in list(self.running):
+            proc = self.procs[index]
+            proc.join(wait_s)
+            if not proc.is_alive():
                 task = self.running.pop(index)
                 yield Outcome(task.number, "failed", reason=f"worker process died (exit code {proc.exitcode})")
-                self._restart(index)
-
-    def _restart(self, index: int) -> None:
-        """A new worker in the dead one's place, with new queues: a process killed while waiting
-        for a reply dies holding its queue's read lock, which would block its successor forever."""
-        ctx = mp.get_context("spawn")
-        self.tasks_q[index], self.replies_q[index] = ctx.Queue(), ctx.Queue()
-        self.procs[index] = ctx.Process(target=_worker_loop, daemon=True,
-                                        args=(index, self.tasks_q[index], self.replies_q[index], self.results_q))
-        self.procs[index].start()
+                self.conns[index].close()
+                self._start_worker(index)
 
     def close(self) -> None:
-        for q in self.tasks_q:
-            q.put(None)
+        for conn in self.conns:
+            _send(conn, None)
         for p in self.procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
+        for conn in self.conns:
+            conn.close()
 
 
-def _worker_loop(index: int, tasks: Any, replies: Any, results: Any) -> None:
+def _send(conn: Connection, message: Any) -> None:
+    try:
+        conn.send(message)
+    except OSError:  # the worker died: its end-of-file is read (and the trial failed) in results()
+        pass
+
+
+def _worker_loop(index: int, conn: Connection) -> None:
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
-        results.put(("epoch", index, (number, epoch, metrics)))
-        return replies.get()
+        conn.send(("epoch", (number, epoch, metrics)))
+        return conn.recv()
 
-    while (task := tasks.get()) is not None:
-        results.put(("end", index, execute(task, decide, index)))
+    while (task := conn.recv()) is not None:
+        conn.send(("end", execute(task, decide, index)))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -25,7 +24,7 @@ from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.track.records import TrialEvent
+from sweeper.track.records import TrialEvent, TrialRecord
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.execute import Outcome
@@ -145,8 +144,9 @@ class Coordinator:
         frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
         if outcome.state == "complete":  # free the disk as the sweep goes, not only at its end
-            checkpoints.prune(self.spec, self.records(), Path(self.ctx.out_dir))
+            checkpoints.prune(self.spec, self.records(), self.ctx.out_dir)
         self.ctx.observer.event(TrialEvent.end(record(frozen)))
 
-    def records(self) -> list:
+    def records(self) -> list[TrialRecord]:
+        """Every trial of the study (earlier invocations' included), as TrialRecords."""
         return [record(t) for t in self.study.get_trials(deepcopy=False)]

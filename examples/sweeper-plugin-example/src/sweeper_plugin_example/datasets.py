@@ -16,7 +16,7 @@ def spirals(*, num_train: int = 1024, num_val: int = 256, arms: int = 3, turns: 
     """``arms`` spirals of ``turns`` turns each, points at uniform radius in [0, 1] plus
     Gaussian ``noise`` (same units as the radius). Inputs have shape (2,).
 
-    ``seed`` is passed by sweeper (the sweep seed), so every trial sees the same points."""
+    ``seed`` is passed by sweeper (derived from the sweep seed), so every trial sees the same points."""
     g = torch.Generator().manual_seed(seed)
     n = num_train + num_val
     label = torch.randint(0, arms, (n,), generator=g)
