@@ -136,3 +136,21 @@ def test_grid_sampler_runs_each_point_once(tmp_path: Path):
 def test_the_budget_is_kept(tmp_path: Path, budget: int):
     coordinator, _ = sweep(tmp_path, budget=budget)
     assert len(coordinator.records()) == budget
+
+
+@pytest.mark.parametrize("keep", ["best", "all"])
+def test_beaten_checkpoints_are_deleted_as_the_sweep_goes(tmp_path: Path, keep: str):
+    from sweeper.search import checkpoints
+    from sweeper.track.records import TrialRecord
+    from sweeper.trial.checkpoint import trial_path
+
+    spec = load(SPACES / "smoke.yaml", [f"export.keep_checkpoints={keep}"])
+    best = None
+    for number, value in ((0, 0.5), (1, 0.7), (2, 0.6), (3, 0.7)):  # trial 3 ties trial 1: 1 stays best
+        trial_path(tmp_path, number).parent.mkdir(exist_ok=True)
+        trial_path(tmp_path, number).write_bytes(b"state")
+        new = TrialRecord(number=number, state="complete", params={}, value=value)
+        best = checkpoints.keep_better(spec, best, new, tmp_path)
+    assert best.number == 1
+    kept = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ([1] if keep == "best" else [0, 1, 2, 3])

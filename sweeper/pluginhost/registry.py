@@ -96,12 +96,18 @@ def singular(kind: str) -> str:
     return {"search_spaces": "search space"}.get(kind, kind[:-1])
 
 
+def _designates(name: str, entry_name: str, distribution: str | None) -> bool:
+    """True when a spec's plugin name ('name' or 'dist:name') means this entry point."""
+    pin, short = split_name(name)
+    return entry_name == short and (not pin or (distribution is not None and normalize(pin) == normalize(distribution)))
+
+
 def matching(name: str, kind: str | None = None) -> list[PluginInfo]:
     """The listed plugins (of ``kind``, or of every group) that ``name`` designates, or a
     UserError listing what is installed."""
-    pin, short = split_name(name)
+    short = split_name(name)[1]
     listed = list_plugins(kind)
-    found = [p for p in listed if p.name == short and (not pin or normalize(pin) == normalize(p.distribution))]
+    found = [p for p in listed if _designates(name, p.name, p.distribution)]
     if not found:
         names = sorted({p.name for p in listed})
         raise UserError(f"no {singular(kind) + ' ' if kind else ''}plugin named '{name}'.{did_you_mean(short, names)} "
@@ -110,9 +116,8 @@ def matching(name: str, kind: str | None = None) -> list[PluginInfo]:
 
 
 def _find(kind: str, name: str) -> EntryPoint:
-    dist_pin, short = split_name(name)
-    matches = [ep for ep in _entry_points(kind) if ep.name == short
-               and (not dist_pin or (ep.dist and normalize(ep.dist.name) == normalize(dist_pin)))]
+    short = split_name(name)[1]
+    matches = [ep for ep in _entry_points(kind) if _designates(name, ep.name, ep.dist.name if ep.dist else None)]
     if not matches:
         names = sorted({ep.name for ep in _entry_points(kind)})
         hint = did_you_mean(short, names)

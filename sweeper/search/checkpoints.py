@@ -25,6 +25,17 @@ def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:
     return [] if top is None else [top.number]
 
 
+def keep_better(spec: SweepSpec, best: TrialRecord | None, new: TrialRecord, out_dir: Path) -> TrialRecord | None:
+    """The rule applied as a sweep goes, one completed trial at a time: returns the best of
+    ``best`` and ``new`` and deletes the other one's checkpoint (unless every one is kept)."""
+    pair = sorted((r for r in (best, new) if r is not None), key=lambda r: r.number)  # ties: the lower number
+    winner = spec.objective.best(pair, lambda r: r.value)
+    loser = new if winner is best else best
+    if loser is not None and spec.export.keep_checkpoints != "all":
+        trial_path(out_dir, loser.number).unlink(missing_ok=True)
+    return winner
+
+
 def prune(spec: SweepSpec, records: list[TrialRecord], out_dir: Path) -> None:
     """Delete the checkpoints of finished trials that are not kept."""
     keep = set(kept(spec, records))

@@ -49,6 +49,7 @@ class Coordinator:
         self.snapshot: list[FrozenTrial] = []  # finished trials before the current batch
         self.sampler_seed = sampler_seed(spec.seed, 0)  # re-seeded per batch in reproducible mode
         self.threads = threads_per_trial(spec)
+        self.best = checkpoints.best(spec, self.records())  # whose checkpoint is kept so far
 
     def run(self, budget: int | None, executor: Executor) -> None:
         """Run ``budget`` more trials (None: until the timeout) on ``executor``."""
@@ -143,9 +144,10 @@ class Coordinator:
         value = outcome.history[-1][metric] if outcome.state == "complete" else None
         frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
+        finished = record(frozen)
         if outcome.state == "complete":  # free the disk as the sweep goes, not only at its end
-            checkpoints.prune(self.spec, self.records(), self.ctx.out_dir)
-        self.ctx.observer.event(TrialEvent.end(record(frozen)))
+            self.best = checkpoints.keep_better(self.spec, self.best, finished, self.ctx.out_dir)
+        self.ctx.observer.event(TrialEvent.end(finished))
 
     def records(self) -> list[TrialRecord]:
         """Every trial of the study (earlier invocations' included), as TrialRecords."""

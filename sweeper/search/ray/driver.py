@@ -148,8 +148,7 @@ def _history(result: Any) -> list[dict[str, float]]:
 def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     """Run or resume the sweep on Ray Tune."""
     global EVENTS
-    addr = cluster.address(spec)
-    storage = cluster.storage_path(spec, ctx.out_dir, addr)
+    addr = cluster.address(spec)  # RayBackend.check has vetted it and the storage before any connection
     import ray
     from ray import tune
 
@@ -162,7 +161,7 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     EVENTS = ctx.observer.event
     tracker = ctx.tracker
     try:
-        cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
+        storage = cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
         experiment = f"{storage.rstrip('/')}/{spec.name}"
         restoring = tune.Tuner.can_restore(experiment)
         interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
