@@ -57,6 +57,92 @@ def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 
 @app.command()
 @user_errors
+def worker(spec: Optional[Path] = typer.Argument(None, help="sweep spec (YAML); or give --study", show_default=False),
+           overrides: Optional[list[str]] = OVERRIDES,
+           study: Optional[str] = typer.Option(None, "--study", help="a storage URL holding the sweep, e.g. "
+                                               "postgresql+psycopg://user@host/db: its spec is read from there"),
+           name: Optional[str] = typer.Option(None, "--name", help="with --study: which sweep, if it holds several"),
+           out: Optional[Path] = typer.Option(None, "--out", help="folder for checkpoints [default: runs/<name>]"),
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display")) -> None:
+    """Join a sweep (search.backend optuna) and train its trials until its budget is spent; any
+    number of workers on any machines share one study (search.storage)."""
+    from sweeper.search import runner
+    from sweeper.spec import load, validate
+    from sweeper.track.progress import QuietObserver, RichObserver
+
+    if (spec is None) == (study is None):
+        raise UserError("give a spec, or --study URL (the sweep's spec is then read from that storage)")
+    if study is not None:
+        from sweeper.search.optuna.store import stored_spec
+        from sweeper.spec import apply_overrides
+
+        sweep = validate(apply_overrides(stored_spec(study, name), overrides or []), f"--study {name or ''}".strip())
+    else:
+        sweep = load(spec, overrides or [])
+    if sweep.search.backend != "optuna":
+        raise UserError(f"{spec}: search.backend is '{sweep.search.backend}'; `sweeper worker` serves Optuna sweeps "
+                        f"(a Ray sweep's workers are Ray nodes: `ray start --address ...`)")
+    observer = QuietObserver() if quiet else RichObserver()
+    report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role="worker")
+    counts = ", ".join(f"{n} {state}" for state, n in report["counts"].items()) or "none"
+    typer.echo(f"worker done: sweep '{sweep.name}' has no trial left to claim (trials: {counts})")
+
+
+FOLDER = typer.Argument(None, help="the sweep's output folder (of `sweeper run`); or give --study", show_default=False)
+STUDY = typer.Option(None, "--study", help="the sweep's storage URL (search.storage)")
+NAME = typer.Option(None, "--name", help="which sweep, if the storage holds several")
+
+
+@app.command()
+@user_errors
+def status(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME,
+           as_json: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
+    """Show a sweep's trials by state, which process holds which trial, throughput and time left."""
+    from rich.table import Table
+
+    from sweeper.search.optuna import status as sweep_status
+
+    info = sweep_status.report(*sweep_status.locate(folder, study, name))
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    budget = info["budget"]
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(info["counts"].items())) or "no trials yet"
+    rate = f"{info['trials_per_min']:.2f} trials/min" if info["trials_per_min"] else "-"
+    left = f"{info['time_left_s'] / 60:.1f} min" if info["time_left_s"] is not None else "-"
+    out.print(f"[bold]sweep '{info['name']}'[/] in {info['storage']}: {info['state']}")
+    out.print(f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
+              + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else ""))
+    out.print(f"  trials     {counts}")
+    out.print(f"  throughput {rate} (last finished {sweep_status.since(info['last_finished'])}); "
+              f"time left about {left}")
+    table = Table("process", "role", "alive", "last heartbeat", "holds", box=None, padding=(0, 2))
+    alive = [p for p in info["processes"] if p["alive"]]
+    for p in alive:
+        table.add_row(p["member"], p["role"], "yes" if p["alive"] else "no", f"{p['seen_s_ago']:.0f} s ago",
+                      ", ".join(p["holds"]) or "-")
+    if alive:
+        out.print(table)
+    gone = len(info["processes"]) - len(alive)
+    out.print(f"  {len(alive)} process(es) serving it" + (f"; {gone} earlier one(s) gone" if gone else ""))
+
+
+@app.command()
+@user_errors
+def stop(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME) -> None:
+    """Stop a sweep gracefully: running trials finish, no process claims a new one. `sweeper run`
+    with its spec resumes it."""
+    from sweeper.search.optuna import status as sweep_status
+
+    url, sweep = sweep_status.locate(folder, study, name)
+    sweep_status.stop(url, sweep)
+    typer.echo(f"stop requested for sweep '{sweep}': running trials finish, no new trial starts; "
+               f"`sweeper status` follows it")
+
+
+@app.command()
+@user_errors
 def submit(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
            address: str = typer.Option(..., "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
            out: Optional[str] = typer.Option(None, "--out", help="output folder on the head node "

@@ -1,7 +1,7 @@
-"""The Optuna coordinator without worker processes or MLflow: a real Optuna study, an executor
-that trains nothing (each epoch's metric is a function of the trial's params), and a recording
-observer. Reproducible batches must give one trial table whatever the slots and the order in
-which trials finish; pruning looks at earlier batches only."""
+"""The Optuna coordinator without worker processes or MLflow: a real Optuna study and ledger
+(sqlite), an executor that trains nothing (each epoch's metric is a function of the trial's
+params), and a recording observer. Reproducible batches must give one trial table whatever the
+slots and the order in which trials finish; pruning looks at earlier batches only."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 from conftest import SPACES
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna.coordinator import Coordinator
-from sweeper.search.optuna.study import make_pruner, make_sampler
+from sweeper.search.optuna.store import LedgerStore
+from sweeper.search.optuna.study import make_sampler
+from sweeper.search.state import Prepared
 from sweeper.search.trial_runs import SweepInfo
 from sweeper.spec import load
 from sweeper.track.mlflow import Tracker
@@ -42,7 +44,7 @@ class Scripted:
     def submit(self, task: TrialConfig) -> None:
         self.running.append(task)
 
-    def results(self):
+    def results(self, timeout_s: float = 0.0):
         order, self.running = (self.running[::-1] if self.reverse else self.running), []
         for task in order:
             yield self._train(task)
@@ -79,15 +81,18 @@ class Events:
 def sweep(tmp_path: Path, *overrides: str, slots: int = 1, reverse: bool = False, budget: int | None = 10,
           enqueue: tuple[float, ...] = ()):
     spec = load(SPACES / "smoke.yaml", ["search.pruner={type: median, min_epochs: 1, startup_trials: 2}",
+                                        f"search.n_trials={budget}" if budget is not None else "search.n_trials=null",
                                         *overrides])
-    # in memory, otherwise as open_study makes it
-    study = optuna.create_study(direction="maximize", pruner=make_pruner(spec), sampler=make_sampler(spec, 0))
-    for lr in enqueue:  # trials with these learning rates first
-        study.enqueue_trial({"optimizer.args.lr": lr, "model.args.hidden": 16})
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store = LedgerStore(spec, tmp_path)  # the study and ledger, in sqlite in tmp_path
+    warm = [{"optimizer.args.lr": lr, "model.args.hidden": 16} for lr in enqueue]  # these trials first
+    store.prepare(spec, "run", None, lambda: Prepared(enqueue=warm, fresh=True))
     events = Events()
-    ctx = SearchContext(tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events)
-    coordinator = Coordinator(spec, study, ctx)
-    coordinator.run(budget, Scripted(coordinator, slots, reverse))
+    ctx = SearchContext(tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events, store,
+                        enqueue=warm)
+    coordinator = Coordinator(spec, store.study, store.ledger, store.heartbeat, ctx)
+    coordinator.run(Scripted(coordinator, slots, reverse))
+    store.close()
     return coordinator, events
 
 
@@ -108,9 +113,21 @@ def test_reproducible_batches_ignore_slots_and_finishing_order(tmp_path: Path):
 
 def test_batches_are_sampled_from_their_own_seed(tmp_path: Path):
     coordinator, events = sweep(tmp_path, budget=6)  # batches of 4 and 2
-    assert coordinator.sampler_seed == sampler_seed(0, 4) != trial_seed(0, 4)  # named streams differ
+    records = coordinator.records()
+    # batch 2 (slots 4, 5): the sampler seeded from the "sampler" stream at 4, over batch 1's results
+    view = optuna.create_study(direction="maximize", sampler=make_sampler(coordinator.spec, sampler_seed(0, 4)))
+    view.add_trials(coordinator.study.get_trials()[:4])
+    from sweeper.spec import space as sp
+
+    expected = []
+    for _ in range(2):
+        trial = view.ask()
+        sp.suggest(coordinator.spec.search.space, trial)
+        expected.append(trial.params)
+    assert [r.params for r in records[4:]] == expected
+    assert sampler_seed(0, 4) != trial_seed(0, 4)  # named streams differ
     # every trial: start, one event per epoch it ran, end; one at a time with one slot
-    for r in coordinator.records():
+    for r in records:
         mine = [kind for kind, n in events.seen if n == r.number]
         assert mine == ["start", *["epoch"] * r.epochs, "end"]
 
@@ -132,7 +149,7 @@ def test_grid_sampler_runs_each_point_once(tmp_path: Path):
     assert points == [(1e-3, 16), (1e-3, 32), (1e-2, 16), (1e-2, 32)]
 
 
-@pytest.mark.parametrize("budget", [0, 3])
+@pytest.mark.parametrize("budget", [1, 3])
 def test_the_budget_is_kept(tmp_path: Path, budget: int):
     coordinator, _ = sweep(tmp_path, budget=budget)
     assert len(coordinator.records()) == budget

@@ -105,7 +105,7 @@ def test_rerun_resumes_the_study(workdir: Path):
     assert len(json.loads((workdir / "out" / "summary.json").read_text())["trials"]) == 3  # budget spent
 
 
-def test_trial_of_a_killed_process_is_marked_failed_and_requeued(workdir: Path, gate: Path):
+def test_trial_of_a_killed_process_is_retried_with_its_params_and_seed(workdir: Path, gate: Path):
     spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-killed"})
     # trial 0 stops at the start of epoch 2 until released (the gate plugin): killed mid-trial
     args = ["search.n_trials=2", "train.epochs=2", f"schedule={{plugin: gate, args: {{folder: '{gate}', epoch: 2}}}}"]
@@ -125,14 +125,14 @@ def test_trial_of_a_killed_process_is_marked_failed_and_requeued(workdir: Path, 
     sweeper("run", str(spec), *args, "--out", "out", "-q", check=True)
     trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
     killed = trials[running.number]
+    # its process is gone (same host, dead pid): no need to wait for its lease to run out
     assert killed["state"] == "failed" and killed["reason"].startswith("interrupted")
-    # every trial the killed process had started (the whole proposed batch) is queued again
-    interrupted = [t for t in trials if t["state"] == "failed"]
-    retries = trials[len(interrupted):]
-    assert [t["params"] for t in retries] == [t["params"] for t in interrupted]
-    assert running.params in [t["params"] for t in retries]
-    assert all(t["state"] == "complete" for t in retries)
-    assert len(retries) == 2  # the interrupted trials do not eat the budget
+    (retry,) = [t for t in trials if t["number"] > 1]  # trial 1 was waiting: the re-run simply trains it
+    assert retry["params"] == running.params and retry["seed"] == killed["seed"]
+    assert [t["state"] for t in trials if t is not killed] == ["complete", "complete"]  # the budget: 2
+    study = optuna.load_study(study_name="smoke", storage=storage)
+    assert study.trials[retry["number"]].user_attrs["sweeper_retry_of"] == running.number
+    assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
 
 
 def test_parallel_workers_share_one_study(workdir: Path, mlflow_uri: str):

@@ -69,3 +69,11 @@ def test_tracking_uri_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     # MLflow's default, made absolute: workers and Ray actors log from other folders
     assert DEFAULT_URI == "sqlite:///mlflow.db" and resolve_uri(None) == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert resolve_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+
+
+def test_a_recorded_tracking_uri_holds_no_password():
+    from sweeper.track.mlflow import redact
+
+    assert redact("https://ana:s3cret@mlflow.example:5000/x") == "https://ana:***@mlflow.example:5000/x"
+    assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert redact("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db" and redact(None) is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -40,7 +42,7 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), _experiment_of(client, run_id):
             logged = mlflow.pytorch.log_model(
                 model.eval().cpu(), name="model", signature=signature, input_example=example,
                 serialization_format="pt2", run_id=run_id,
@@ -62,6 +64,23 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
         client.set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
             "champion": moved, "reason": reason}
+
+
+@contextlib.contextmanager
+def _experiment_of(client: Any, run_id: str) -> Iterator[None]:
+    """The run's experiment as MLflow's current one, for one log_model call: given a run id but
+    no active run, MLflow creates the logged model in the current experiment (Default, or
+    $MLFLOW_EXPERIMENT_NAME/ID's), not the run's; on a shared server with authentication a user
+    may not write there (HTTP 403) and the model would be filed under another experiment."""
+    names = ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    os.environ["MLFLOW_EXPERIMENT_ID"] = client.get_run(run_id).info.experiment_id
+    try:
+        yield
+    finally:
+        for k in names:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
 
 
 def _decide(client: Any, name: str, objective: Objective, value: float) -> tuple[bool, str]:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweeper.search.state import SweepStore
+from sweeper.search.trial_runs import SweepInfo
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialEvent, TrialRecord
-from sweeper.search.trial_runs import SweepInfo
 
 # search.backend -> the class implementing it (imported on use: ray is heavy)
 BACKENDS = {"optuna": "sweeper.search.optuna:OptunaBackend", "ray": "sweeper.search.ray:RayBackend"}
@@ -38,7 +39,9 @@ class SearchContext:
     tracker: Tracker
     sweep: SweepInfo
     observer: Observer
-    # params of trials to run first (the LR-finder warm start); a resumed search has them already
+    store: SweepStore  # the one the backend's store() returned
+    role: str = "run"  # run: serve the sweep until every trial has finished; worker: until none waits
+    # params of the sweep's first trials (the LR-finder warm start)
     enqueue: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -51,6 +54,9 @@ class SearchResult:
 class Backend(Protocol):
     def check(self, spec: SweepSpec, out_dir: Path) -> None:
         """Raise UserError for what would stop the search, before the sweep records anything."""
+
+    def store(self, spec: SweepSpec, out_dir: Path) -> SweepStore:
+        """Where the sweep's preparation is kept (search/state.py); opened once per process."""
 
     def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult: ...
 

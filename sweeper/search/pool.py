@@ -8,6 +8,9 @@ in the main process) whether to go on; tracking and storage writes stay with the
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
+import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator, Protocol
 
@@ -18,6 +21,7 @@ from sweeper.trial.execute import Decide, Outcome, execute
 Record = Callable[[int, int, dict[str, float]], None]
 # How long the pool waits for a worker's message before it checks that the workers are alive (s)
 POLL_S = 0.5
+PR_SET_PDEATHSIG = 1  # prctl(2) option
 
 
 class Executor(Protocol):
@@ -26,7 +30,9 @@ class Executor(Protocol):
     slots: int  # trials it can start now
 
     def submit(self, task: TrialConfig) -> None: ...
-    def results(self) -> Iterator[Outcome]: ...
+    def results(self, timeout_s: float) -> Iterator[Outcome]:
+        """Serve the running trials; yield those that finished, after at most ``timeout_s``
+        without one (so that the caller can look at the study meanwhile)."""
     def close(self) -> None: ...
 
 
@@ -53,7 +59,7 @@ class InlineExecutor:
 
         self.done.append(execute(task, decide))
 
-    def results(self) -> Iterator[Outcome]:
+    def results(self, timeout_s: float = 0.0) -> Iterator[Outcome]:
         while self.done:
             yield self.done.pop(0)
 
@@ -84,7 +90,7 @@ class ProcessPool:
 
     def _start_worker(self, index: int) -> None:
         mine, theirs = self.ctx.Pipe()
-        self.procs[index] = self.ctx.Process(target=_worker_loop, args=(index, theirs), daemon=True)
+        self.procs[index] = self.ctx.Process(target=_worker_loop, args=(index, theirs, os.getpid()), daemon=True)
         self.procs[index].start()
         theirs.close()  # the worker's end lives in the worker: its death reads as end-of-file here
         self.conns[index] = mine
@@ -94,12 +100,17 @@ class ProcessPool:
         self.running[index] = task
         _send(self.conns[index], task)
 
-    def results(self) -> Iterator[Outcome]:
-        """Serve pruning questions until at least one trial has finished; yield the finished."""
+    def results(self, timeout_s: float = POLL_S) -> Iterator[Outcome]:
+        """Serve pruning questions until a trial has finished (yield it) or ``timeout_s`` has
+        passed without one."""
+        deadline = time.monotonic() + timeout_s
         while self.running:
-            ready = wait([self.conns[i] for i in self.running], timeout=POLL_S)
+            ready = wait([self.conns[i] for i in self.running], timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
             if not ready:
-                yield from self._reap_dead()
+                dead = list(self._reap_dead())
+                yield from dead
+                if dead or time.monotonic() >= deadline:
+                    return
                 continue
             for conn in ready:
                 index = self.conns.index(conn)
@@ -122,8 +133,8 @@ class ProcessPool:
             proc = self.procs[index]
             proc.join(wait_s)
             if not proc.is_alive():
-                task = self.running.pop(index)
-                yield Outcome(task.number, "failed", reason=f"worker process died (exit code {proc.exitcode})")
+                task = self.running.pop(index)  # its trial is retried; the worker starts afresh, new pipe
+                yield Outcome(task.number, "interrupted", reason=f"its worker process died (exit code {proc.exitcode})")
                 self.conns[index].close()
                 self._start_worker(index)
 
@@ -145,10 +156,29 @@ def _send(conn: Connection, message: Any) -> None:
         pass
 
 
-def _worker_loop(index: int, conn: Connection) -> None:
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the process that started it dies (even by
+    SIGKILL), so an orphan never trains on, holding memory. Elsewhere the worker exits at its
+    next message to the parent (the pipe is closed)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_loop(index: int, conn: Connection, parent: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return
+
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
         conn.send(("epoch", (number, epoch, metrics)))
         return conn.recv()
 
-    while (task := conn.recv()) is not None:
-        conn.send(("end", execute(task, decide, index)))
+    try:
+        while (task := conn.recv()) is not None:
+            conn.send(("end", execute(task, decide, index)))
+    except (EOFError, OSError):  # the parent is gone: nobody wants the result
+        pass

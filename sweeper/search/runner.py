@@ -7,40 +7,23 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sweeper.errors import UserError
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.search import backend, checkpoints
 from sweeper.search.backend import Observer, SearchContext, SearchResult
+from sweeper.search.state import Prepared, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
 from sweeper.spec import SweepSpec
-from sweeper.track.mlflow import Tracker, resolve_uri
+from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
 from sweeper.trial.checkpoint import trial_path
 
-STATE_FILE = "sweep.json"  # in --out: the MLflow run a re-run of the sweep resumes into
-
-
-class SweepState(BaseModel):
-    """<out>/sweep.json: what a re-run needs beyond the backend's own storage."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    schema_version: int = 1
-    tracking_uri: str | None = None
-    parent_run_id: str | None = None
-
-    @classmethod
-    def read(cls, out_dir: Path) -> SweepState:
-        path = out_dir / STATE_FILE
-        try:
-            return cls.model_validate_json(path.read_text()) if path.exists() else cls()
-        except ValidationError:
-            raise UserError(f"{path}: not the sweep state sweeper writes; remove it to start the sweep's "
-                            f"MLflow record afresh") from None
+TRACKER_ATTEMPTS = 5
+LOCK_FILE = "run.lock"  # in --out: held by the `sweeper run` using the folder
 
 
 def default_out_dir(spec: SweepSpec) -> Path:
@@ -50,11 +33,47 @@ def default_out_dir(spec: SweepSpec) -> Path:
 def tracker_for(spec: SweepSpec) -> Tracker:
     if not spec.tracking.enabled:
         return Tracker(None)
-    return Tracker(resolve_uri(spec.tracking.mlflow_uri), spec.tracking.experiment or spec.name)
+    uri = resolve_uri(spec.tracking.mlflow_uri)
+    for attempt in range(TRACKER_ATTEMPTS):
+        try:
+            return Tracker(uri, spec.tracking.experiment or spec.name)
+        except UserError:
+            raise
+        except Exception:  # processes starting together race to create (migrate) a new MLflow database
+            if attempt + 1 == TRACKER_ATTEMPTS or not uri.startswith(("sqlite", "postgresql", "mysql")):
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
-def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, Any]:
-    """Run (or resume) the sweep into ``out_dir``; returns the summary also written there."""
+@contextlib.contextmanager
+def folder_lock(out_dir: Path) -> Iterator[None]:
+    """One `sweeper run` per output folder (an advisory lock the kernel drops with the process,
+    even on SIGKILL). Workers on this machine may share the folder: they write only checkpoints."""
+    import fcntl
+    import os
+    import socket
+
+    path = out_dir / LOCK_FILE
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise UserError(f"{out_dir}: this output folder is in use by `sweeper run` ({holder}); wait for it "
+                            f"to finish, give this run another --out, or add this process to the sweep "
+                            f"with `sweeper worker`") from None
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        yield
+
+
+def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "run") -> dict[str, Any]:
+    """Serve the sweep from ``out_dir`` as ``role``: "run" (until every trial has finished;
+    then summarise and export; returns the summary, also written there) or "worker" (until no
+    trial is left to claim; returns a small report of what it trained)."""
     import torch
 
     check_plugins(spec)
@@ -64,38 +83,61 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
+        store = searcher.store(spec, out_dir)
+        try:
+            return _serve(spec, out_dir, observer, role, searcher, store)
+        finally:
+            store.close()
+
+
+def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer) -> Prepared:
+    """This process prepares the sweep: its MLflow parent run and the LR warm start."""
+    parent = start_sweep_run(tracker, spec, None)
+    if not spec.search.lr_finder.enabled:
+        return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, fresh=True)
+    from sweeper.search import warm_start
+
+    warm = warm_start.prepare(spec, out_dir)
+    warm_start.log(tracker, parent, warm, out_dir)
+    observer.note(warm.note)
+    lr = warm.spec.search.space[warm_start.LR]
+    return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, lr_range=(lr.low, lr.high),
+                    enqueue=list(warm.enqueue), lr_finder=warm.summary(), fresh=True)
+
+
+def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, searcher: backend.Backend,
+           store: SweepStore) -> dict[str, Any]:
+    if role == "run":
+        (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec)
-    previous = SweepState.read(out_dir)
-    parent = start_sweep_run(tracker, spec, previous.parent_run_id if previous.tracking_uri == tracker.uri else None)
-    (out_dir / STATE_FILE).write_text(SweepState(tracking_uri=tracker.uri, parent_run_id=parent).model_dump_json())
     observer.started(spec, out_dir)
-
-    warm = None
-    if spec.search.lr_finder.enabled:
-        from sweeper.search import warm_start
-
-        warm = warm_start.prepare(spec, out_dir)
-        warm_start.log(tracker, parent, warm, out_dir)
-        observer.note(warm.note)
-        spec = warm.spec  # the LR finder may have narrowed the space
+    prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer))
+    parent = prepared.parent_run_id
+    if not prepared.fresh and role == "run":
+        tracker.resume_run(parent)
+    spec = prepared.apply(spec)  # the LR finder may have narrowed the space
     ctx = SearchContext(out_dir, tracker, SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
-                        observer, enqueue=list(warm.enqueue) if warm else [])
+                        observer, store, role, enqueue=prepared.enqueue)
     started = time.perf_counter()
     try:
         result = searcher.run(spec, ctx)
     except BaseException as exc:  # the sweep's run says it stopped; a re-run resumes it
-        with contextlib.suppress(Exception):  # the original error is what the user must see
-            tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        if role == "run":
+            with contextlib.suppress(Exception):  # the original error is what the user must see
+                tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
+    if role == "worker":
+        return {"name": spec.name, "role": "worker", "storage": result.storage,
+                "counts": _counts(result.records), "best": None, "trials": []}
     checkpoints.prune(spec, result.records, out_dir)
     summary = summarize(spec, result, out_dir, tracker, parent)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
-    if warm is not None:
-        summary["lr_finder"] = warm.summary()
+    if prepared.lr_finder is not None:
+        summary["lr_finder"] = prepared.lr_finder
     files = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
-        handed, exported = handoff(spec, summary["best"], out_dir, tracker.uri, parent)
+        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records)
         summary.update(handed)
         files += exported
     summary_path = out_dir / "summary.json"
@@ -104,13 +146,18 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer) -> dict[str, A
     return summary
 
 
+def _counts(records: list[TrialRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    return counts
+
+
 def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker,
               parent: str | None) -> dict[str, Any]:
     """summary.json: the resolved spec, the best trial and every trial, whichever backend ran them."""
     records: list[TrialRecord] = result.records
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.state] = counts.get(r.state, 0) + 1
+    counts = _counts(records)
     best = None
     top = checkpoints.best(spec, records)
     if top is not None:
@@ -119,12 +166,12 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
                 "checkpoint": str(trial_path(out_dir, top.number))}
     return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
             "storage": result.storage, "counts": counts, "best": best,
-            "mlflow": {"tracking_uri": tracker.uri, "experiment": tracker.experiment, "parent_run_id": parent},
+            "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment, "parent_run_id": parent},
             "spec": spec.model_dump(mode="json"), "trials": [r.model_dump(mode="json") for r in records]}
 
 
-def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracking_uri: str | None,
-            parent: str | None) -> tuple[dict[str, Any], list[Path]]:
+def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracker: Tracker, parent: str | None,
+            records: list[TrialRecord]) -> tuple[dict[str, Any], list[Path]]:
     """Export the best trial's model to every format of ``spec.export`` (export.json) and
     register it under the sweep's run. Returns the summary's ``export`` and ``registry``
     entries and the files to log; a failure is recorded there, never fatal to the sweep."""
@@ -133,6 +180,8 @@ def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracking_uri: 
     from sweeper.trial.build import rebuild
 
     try:
+        top = next(r for r in records if r.number == best["number"])
+        best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
         model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]))
     except Exception as exc:
         return {"export": {"error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
@@ -142,7 +191,7 @@ def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracking_uri: 
     handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
     if parent is not None:
         try:
-            handed["registry"] = publish.register(model, data, spec, tracking_uri, parent, best["value"])
+            handed["registry"] = publish.register(model, data, spec, tracker.uri, parent, best["value"])
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

@@ -81,14 +81,15 @@ def open_trial_run(tracker: Tracker, config: TrialConfig, sweep: SweepInfo, samp
 
 
 def close_trial_run(tracker: Tracker, run_id: str | None, state: str, reason: str | None,
-                    error: str | None = None, info: dict[str, Any] | None = None) -> None:
-    """The trial's end: state, reason and run info as tags, the traceback as error.txt."""
+                    error: str | None = None, info: dict[str, Any] | None = None, status: str | None = None) -> None:
+    """The trial's end: state, reason and run info as tags, the traceback as error.txt; the
+    run's MLflow status follows the state unless ``status`` is given."""
     if run_id is None:
         return
     tracker.set_tags(run_id, {"state": state, **({"reason": reason} if reason else {}), **(info or {})})
     if error:
         tracker.log_text(run_id, error, "error.txt")
-    tracker.end_run(run_id, STATUS.get(state, "FINISHED"))
+    tracker.end_run(run_id, status or STATUS.get(state, "FINISHED"))
 
 
 def start_sweep_run(tracker: Tracker, spec: SweepSpec, resume_run_id: str | None) -> str | None:

@@ -151,13 +151,22 @@ class SearchSpec(_Strict):
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
     pruner: PrunerSpec = PrunerSpec()
     n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
-    timeout: float | None = Field(default=None, gt=0, description="seconds for this invocation")
+    timeout: float | None = Field(default=None, gt=0, description="seconds from the start (or resume) of the "
+                                  "sweep by `sweeper run`; no trial is claimed after it")
     parallel: int = Field(default=1, ge=1, description="worker processes on this machine")
     # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
     reproducible: bool = True
     batch_size: int = Field(default=4, ge=1, description="trials proposed together (reproducible mode)")
-    storage: str | None = Field(default=None, description="Optuna storage URL; default: sqlite in --out")
+    storage: str | None = Field(default=None, description="Optuna storage URL shared by every process serving "
+                                "the sweep, e.g. postgresql+psycopg://user@host/db; default: sqlite in --out")
+    # Leases: a process renews the lease of each trial it trains every heartbeat_s; a trial whose
+    # lease is older than lease_s (its process or machine stopped) is retried elsewhere.
+    heartbeat_s: int = Field(default=10, ge=1, description="seconds between lease renewals")
+    lease_s: int = Field(default=60, ge=2, description="seconds without renewal after which a trial is retried")
+    artifact_root: str | None = Field(default=None, description="a folder every machine reaches (a shared "
+                                      "mount) for trial checkpoints; default: the trials' MLflow runs when "
+                                      "search.storage is set")
     lr_finder: LRFinderSpec = LRFinderSpec()
     resources: ResourcesSpec = ResourcesSpec()  # backend ray
     ray: RaySpec = RaySpec()  # backend ray
@@ -177,6 +186,10 @@ class SearchSpec(_Strict):
         self._check_backend_options()
         if self.pruner.type == "pbt":
             self._check_pbt()
+        _no_password(self.storage, "search.storage", "put it in $PGPASSWORD or ~/.pgpass instead (psycopg reads both)")
+        if self.lease_s <= self.heartbeat_s:
+            raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
+                             f"would run out between two renewals")
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
                              f"idle; raise search.batch_size, or set search.reproducible: false")
@@ -233,11 +246,31 @@ class SearchSpec(_Strict):
                                  f"'{self.backend}'; set search.backend: ray or remove search.{given[0]}")
 
 
+def _no_password(value: str | None, field: str, instead: str) -> str | None:
+    """A spec is recorded (spec.yaml, summary.json, MLflow, the study's ledger): no secret in it."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(value).password if value else None
+    except ValueError:
+        password = None
+    if password:
+        raise ValueError(f"{field} holds a password; the spec is recorded in summary.json, MLflow and the "
+                         f"study's database: {instead}")
+    return value
+
+
 class TrackingSpec(_Strict):
     enabled: bool = True
     # Precedence: this value, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (MLflow's default).
     mlflow_uri: str | None = None
     experiment: str | None = None  # default: the sweep's name
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _secret_free(cls, value: str | None) -> str | None:
+        return _no_password(value, "tracking.mlflow_uri",
+                            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead")
 
 
 EXPORT_FORMATS = ("torchscript", "pt2", "onnx")

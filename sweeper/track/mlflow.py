@@ -4,6 +4,9 @@ and file artifacts, and reading them back. Callers decide what a run means (a sw
 
 Uses ``MlflowClient`` with explicit run ids (no global active run), so worker processes and Ray
 actors can log their own runs under the same parent. A disabled tracker (no URI) does nothing.
+A tracking server that refuses the credentials (HTTP 401) or their rights (403) is the user's
+to fix: any call raises TrackingRefused, a UserError (sweeper.errors, the one sweeper module this
+adapter imports: the CLI shows it as one paragraph, exit 2).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from sweeper.errors import UserError
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
 TAG = "sweeper."  # sweeper's tag namespace
@@ -34,6 +40,25 @@ def resolve_uri(explicit: str | None = None) -> str:
     return uri
 
 
+class TrackingRefused(UserError):
+    """The tracking server refused sweeper's requests: bad or missing credentials, or no permission."""
+
+
+def redact(uri: str | None) -> str | None:
+    """A tracking URI as sweeper records it: without a password (http://user:pw@host -> user:***)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if not uri:
+        return uri
+    try:
+        parts = urlsplit(uri)
+        if not parts.password:
+            return uri
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    except ValueError:
+        return uri
+
+
 class Tracker:
     """One MLflow tracking server (or store) and experiment; ``uri=None``: disabled."""
 
@@ -46,7 +71,7 @@ class Tracker:
             # MLflow logs its database set-up at INFO; the sweep's own display says what matters.
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            self._client = MlflowClient(tracking_uri=uri)
+            self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
 
     @property
     def enabled(self) -> bool:
@@ -157,8 +182,68 @@ class Tracker:
         except (MlflowException, OSError, ValueError) as exc:
             raise LookupError(f"run {run_id} at {self.uri}: no readable {path} ({_first_line(exc)})") from None
 
+    def download(self, run_id: str, path: str, dst: Path) -> Path:
+        """Artifact ``path`` of the run into folder ``dst``; LookupError when it is not there."""
+        from mlflow.exceptions import MlflowException
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        dst.mkdir(parents=True, exist_ok=True)
+        try:
+            return Path(self._client.download_artifacts(run_id, path, str(dst)))
+        except (MlflowException, OSError) as exc:
+            raise LookupError(f"run {run_id} at {self.uri}: no artifact {path} ({_first_line(exc)})") from None
+
     def metric_history(self, run_id: str, key: str) -> list[Any]:
         return self._client.get_metric_history(run_id, key)
+
+
+class _Guarded:
+    """The MlflowClient, whose calls raise TrackingRefused when the server answers 401 or 403
+    (an error of setup, not of the sweep: it must not read as a failed trial or a missing run)."""
+
+    def __init__(self, client: Any, tracker: Tracker) -> None:
+        self._client, self._tracker = client, tracker
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not the client's API (and no recursion on a copy's bare instance)
+            raise AttributeError(name)
+        method = getattr(self._client, name)
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except Exception as exc:
+                status = _http_status(exc)
+                if status in (401, 403):
+                    raise TrackingRefused(_refusal(self._tracker, status)) from None
+                raise
+        return call
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a failed MLflow call: REST calls raise MlflowException (its error code
+    maps to one), artifact uploads to the server a requests HTTPError."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        return exc.get_http_status_code()
+    return getattr(getattr(exc, "response", None), "status_code", None)
+
+
+def _refusal(tracker: Tracker, status: int) -> str:
+    """What to fix; names the account, never its password (not even one written into the URI)."""
+    parts = urlsplit(tracker.uri or "")
+    where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    if status == 401:
+        given = f"the credentials of user {user!r}" if user else "a request without credentials"
+        return (f"the MLflow tracking server at {where} refused {given} (HTTP 401): set "
+                f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account of that server")
+    who = f"user {user!r}" if user else "anonymous requests"
+    return (f"the MLflow tracking server at {where} refused {who} access to experiment {tracker.experiment!r} "
+            f"(HTTP 403, permission denied): ask the server's admin for EDIT permission on it, log to another "
+            f"experiment, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to another account")
 
 
 def _first_line(exc: BaseException) -> str:

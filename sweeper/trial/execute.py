@@ -21,7 +21,7 @@ from sweeper.trial.trainer import resolve_device
 
 # decide(number, epoch, metrics) -> True to stop (prune) the trial now
 Decide = Callable[[int, int, dict[str, float]], bool]
-STATES = ("complete", "pruned", "failed")
+STATES = ("complete", "pruned", "failed", "interrupted")  # interrupted: its worker process died (the pool says so)
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""The Optuna backend: one study (sqlite in the output folder, or search.storage), trials
-proposed in seeded batches by a coordinator in this process and run inline or in a local
-worker pool.
+"""The Optuna backend: one study (sqlite in the output folder, or search.storage: PostgreSQL for
+many machines), served by any number of processes (`sweeper run`, `sweeper worker`), each running
+its trials inline or in a local worker pool.
 
-- study.py        storage, sampler, pruner; recovery of interrupted trials; FrozenTrial -> TrialRecord
-- coordinator.py  ask, prune against earlier batches, tell, log
+- study.py        storage, sampler, pruner; the user attrs a trial carries; FrozenTrial -> TrialRecord
+- ledger.py       sweeper's rows beside the study: preparation, budget claims, members, stop
+- store.py        joining a sweep: the study and ledger of this process, the spec check
+- lease.py        trial leases: heartbeats, stale trials
+- coordinator.py  claim, propose in batches, prune against earlier batches, tell, log, retry
 """
 
 from __future__ import annotations
@@ -16,31 +19,31 @@ from sweeper.spec import SweepSpec
 
 class OptunaBackend:
     def check(self, spec: SweepSpec, out_dir: Path) -> None:
-        pass  # the spec's own validation covers the Optuna options
+        pass  # the spec's own validation covers the Optuna options; the storage opens in store()
+
+    def store(self, spec: SweepSpec, out_dir: Path):  # -> LedgerStore (imported on use: optuna, sqlalchemy)
+        from sweeper.search.optuna.store import LedgerStore
+
+        return LedgerStore(spec, out_dir)
 
     def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult:
-        from sweeper.search.optuna import study as studies
         from sweeper.search.optuna.coordinator import Coordinator
+        from sweeper.search.optuna.store import LedgerStore
+        from sweeper.search.optuna.study import safe_url
         from sweeper.search.pool import executor
 
-        study = studies.open_study(spec, ctx.out_dir)
-        requeued = studies.recover_interrupted(study)
-        if requeued:
-            ctx.observer.note(f"trial(s) {', '.join(map(str, requeued))} were left running by a stopped process: "
-                              f"marked failed and queued again")
-        if not study.get_trials(deepcopy=False):  # a resumed study has run (or queued) them already
-            for params in ctx.enqueue:
-                study.enqueue_trial(params)
-        done = studies.counted(study)
-        remaining = None if spec.search.n_trials is None else max(0, spec.search.n_trials - done)
+        store = ctx.store
+        assert isinstance(store, LedgerStore)
+        coordinator = Coordinator(spec, store.study, store.ledger, store.heartbeat, ctx)
+        done = sum(1 for r in coordinator.records() if r.state in ("complete", "pruned", "failed"))
         if done:
-            ctx.observer.note(f"resuming: {done} trial(s) already done, "
-                              f"{'no cap' if remaining is None else remaining} to go")
-        coordinator = Coordinator(spec, study, ctx)
-        if remaining != 0:
-            pool = executor(spec.search.parallel, coordinator.decide, coordinator.record)
-            try:
-                coordinator.run(remaining, pool)
-            finally:
-                pool.close()
-        return SearchResult(coordinator.records(), studies.storage_url(spec, ctx.out_dir))
+            ctx.observer.note(f"joining: {done} trial(s) of the sweep already done")
+        if spec.search.storage and spec.search.artifact_root is None and not ctx.tracker.enabled:
+            ctx.observer.note("search.storage is shared but checkpoints are not published (no MLflow tracking, no "
+                              "search.artifact_root): a trial trained on another machine cannot be exported here")
+        pool = executor(spec.search.parallel, coordinator.decide, coordinator.record)
+        try:
+            coordinator.run(pool)
+        finally:
+            pool.close()
+        return SearchResult(coordinator.records(), safe_url(store.url))

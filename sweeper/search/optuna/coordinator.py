@@ -1,10 +1,17 @@
-"""The Optuna coordinator (this process) asks, prunes and tells; workers only train.
+"""The Optuna coordinator: one per process serving the sweep. It claims trials, answers its
+workers' pruning questions, tells results and logs them; workers only train.
 
-Reproducible mode (default): trials are proposed in batches of ``search.batch_size`` by a
-sampler re-seeded from the sweep's "sampler" stream at the batch's first trial number, and each
-trial is pruned against the trials of earlier batches only (a "shadow" in-memory study holding
-them). The sampler's input and every pruning decision are then functions of trial numbers and
-results, never of timing, so ``parallel: 1`` and ``parallel: N`` give the same trial table.
+Many processes (on many machines) may serve one study: each trial is claimed by exactly one
+(an atomic WAITING -> RUNNING update) and leased to it (lease.py); the budget is claimed in the
+ledger (ledger.py), so it is spent exactly once whatever the number of processes.
+
+Reproducible mode (default): trials are proposed in batches of ``search.batch_size``. Batch b
+(named by its first slot) is proposed, once, by whichever process first claims it in the
+ledger, from the results of the trials of earlier batches only, by a sampler seeded from the
+sweep's "sampler" stream at b; each trial is pruned against those same trials (a "shadow"
+in-memory study). A batch is proposed only when every trial of the earlier ones has finished.
+The sampler's input and every pruning decision are then functions of the seed and of results,
+never of timing, so any number of processes and workers gives the same trial table.
 ``reproducible: false`` asks a new trial whenever a worker is free and prunes against
 everything reported so far: more throughput, no such guarantee.
 """
@@ -12,14 +19,20 @@ everything reported so far: more throughput, no such guarantee.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
-from sweeper.search.optuna.study import FINISHED, INFO, TELL, counted, make_pruner, make_sampler, record
+from sweeper.search.optuna import lease
+from sweeper.search.optuna.ledger import Ledger, Sweep
+from sweeper.search.optuna.study import (BATCH, FINISHED, INFO, INTERRUPTED, RETRY_OF, SLOT, TELL,
+                                         interrupted, make_pruner, make_sampler, record)
 from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, open_trial_run
 from sweeper.spec import SweepSpec
@@ -30,6 +43,9 @@ from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.execute import Outcome
 from sweeper.trial.seeding import sampler_seed, threads_per_trial, trial_seed
 
+POLL_S = 0.5  # how often a process with nothing to train looks at the study again (s)
+UNFINISHED = (TrialState.WAITING, TrialState.RUNNING)
+
 
 @dataclass
 class _Live:
@@ -37,75 +53,169 @@ class _Live:
     config: TrialConfig
     run_id: str | None
     shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
+    lost: bool = False  # another process failed it: this process's lease had run out
 
 
 class Coordinator:
-    """Asks trials from the sampler, answers pruning questions, tells results, logs them."""
+    """Claims and proposes trials, answers pruning questions, tells results, logs them."""
 
-    def __init__(self, spec: SweepSpec, study: optuna.Study, ctx: SearchContext) -> None:
-        self.spec, self.study, self.ctx = spec, study, ctx
+    def __init__(self, spec: SweepSpec, study: optuna.Study, ledger: Ledger, heartbeat: lease.Heartbeat,
+                 ctx: SearchContext) -> None:
+        self.spec, self.study, self.ledger, self.heartbeat, self.ctx = spec, study, ledger, heartbeat, ctx
         self.live: dict[int, _Live] = {}
-        self.pending: list[TrialConfig] = []
-        self.snapshot: list[FrozenTrial] = []  # finished trials before the current batch
-        self.sampler_seed = sampler_seed(spec.seed, 0)  # re-seeded per batch in reproducible mode
+        self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.threads = threads_per_trial(spec)
+        self.next_check = 0.0  # monotonic time to look for stale trials next
         self.best = checkpoints.best(spec, self.records())  # whose checkpoint is kept so far
 
-    def run(self, budget: int | None, executor: Executor) -> None:
-        """Run ``budget`` more trials (None: until the timeout) on ``executor``."""
-        deadline = time.monotonic() + self.spec.search.timeout if self.spec.search.timeout else None
-        left = self._grid_cap(budget)
+    def run(self, executor: Executor) -> None:
+        """Serve the sweep until its budget is spent (a worker), and every trial has finished
+        (``sweeper run``), or until ``sweeper stop``. ``self.heartbeat`` runs meanwhile."""
         while True:
-            open_budget = (left is None or left > 0) and (deadline is None or time.monotonic() < deadline)
-            if self.spec.search.reproducible:
-                if open_budget and not self.live and not self.pending:
-                    size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
-                    self._new_batch(size)
-                    left = None if left is None else left - size
-            elif open_budget and executor.slots > len(self.pending):
-                self.pending.append(self._ask())
-                left = None if left is None else left - 1
+            self._recover()
+            sweep = self.ledger.read()
+            if executor.slots and not sweep.stop:
+                trial = self._claim_waiting() or self._propose(sweep)
+                if trial is not None:
+                    if isinstance(trial, optuna.Trial):
+                        self._start(executor, trial)
+                    continue
+            if self.live:
+                for outcome in executor.results(POLL_S):
+                    self._finish(outcome)
                 continue
-            while self.pending and executor.slots:
-                self._start(executor, self.pending.pop(0))
-            if not self.live:
+            if self._over(sweep):
                 return
-            for outcome in executor.results():
-                self._finish(outcome)
+            time.sleep(POLL_S)  # the trials of this batch run elsewhere: the next batch waits for them
 
-    def _grid_cap(self, budget: int | None) -> int | None:
-        if self.spec.search.sampler != "grid":
-            return budget
-        size = sp.grid_size(self.spec.search.space)
-        return max(0, min(budget if budget is not None else size, size - counted(self.study)))
+    # --- budget --------------------------------------------------------------------------------
 
-    def _new_batch(self, size: int) -> None:
-        first = len(self.study.get_trials(deepcopy=False))
-        self.sampler_seed = sampler_seed(self.spec.seed, first)
-        self.study.sampler = make_sampler(self.spec, self.sampler_seed)
-        self.snapshot = self.study.get_trials(deepcopy=True, states=FINISHED)
-        self.pending = [self._ask() for _ in range(size)]
+    def _cap(self, sweep: Sweep) -> int | None:
+        cap = sweep.n_trials
+        if self.spec.search.sampler == "grid":
+            size = sp.grid_size(self.spec.search.space)
+            cap = size if cap is None else min(cap, size)
+        return cap
 
-    def _ask(self) -> TrialConfig:
-        trial = self.study.ask()
+    def _budget_left(self, sweep: Sweep) -> int | None:
+        """Slots still to claim (None: no cap, until the timeout); 0 when spent or timed out."""
+        deadline = sweep.deadline()
+        if deadline is not None and time.time() >= deadline:
+            return 0
+        cap = self._cap(sweep)
+        return None if cap is None else max(0, cap - sweep.proposed)
+
+    def _over(self, sweep: Sweep) -> bool:
+        """Nothing left for this process: the budget is spent and no trial waits (a worker); and
+        no trial runs anywhere (`sweeper run`, which then summarises)."""
+        if sweep.stop:
+            return True
+        if self._budget_left(sweep) != 0 or sweep.proposing is not None:
+            return False
+        unfinished = self.study.get_trials(deepcopy=False, states=UNFINISHED)
+        if any(t.state == TrialState.WAITING for t in unfinished):
+            return False
+        return self.ctx.role == "worker" or not unfinished
+
+    # --- claiming and proposing ----------------------------------------------------------------
+
+    def _claim_waiting(self) -> optuna.Trial | None:
+        """A WAITING trial made RUNNING by this process (one atomic update: one owner), leased."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            if self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                self.heartbeat.hold(t._trial_id)
+                return optuna.Trial(self.study, t._trial_id)
+        return None
+
+    def _propose(self, sweep: Sweep) -> optuna.Trial | bool | None:
+        """Claim budget and create its trials: a new batch (reproducible), or one trial. Returns
+        a trial to start, True to look again at once, None when there is nothing to propose."""
+        left = self._budget_left(sweep)
+        if left == 0 or sweep.proposing is not None:
+            return None
+        if not self.spec.search.reproducible:
+            if not self.ledger.claim_slot(sweep):
+                return True  # another process claimed that slot: look again
+            return self._new_trial(sweep.proposed)
+        if self.study.get_trials(deepcopy=False, states=UNFINISHED):
+            return None  # the current batch is not finished: the next one must see its results
+        size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
+        if not self.ledger.claim_batch(sweep, size):
+            return True
+        for slot, params in enumerate(self._batch_params(sweep.proposed, size), start=sweep.proposed):
+            self.study.enqueue_trial(params, user_attrs={SLOT: slot, BATCH: sweep.proposed})
+        self.ledger.unlock()  # only once all are enqueued: a process that dies before is repaired
+        return True
+
+    def _new_trial(self, slot: int) -> optuna.Trial | bool:
+        """reproducible: false: the trial of ``slot`` (whose claim holds the ledger's lock)."""
+        if slot < len(self.ctx.enqueue):  # an LR warm-start trial: enqueued, then claimed like any
+            self.study.enqueue_trial(self.ctx.enqueue[slot], user_attrs={SLOT: slot})
+            self.ledger.unlock()
+            return True
+        with warnings.catch_warnings():  # Optuna warns that heartbeats belong in study.optimize
+            warnings.simplefilter("ignore")
+            trial = self.study.ask()
+        if SLOT in trial.user_attrs:  # it popped a trial that was waiting (a retry): the slot goes back
+            self.ledger.release_slot()
+        else:
+            trial.set_user_attr(SLOT, slot)
+            self.ledger.unlock()
+        self.heartbeat.hold(trial._trial_id)
+        return trial
+
+    def _finished_before(self, batch: int) -> list[FrozenTrial]:
+        """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
+        if self.snapshot[0] != batch:
+            done = [t for t in self.study.get_trials(deepcopy=True, states=FINISHED)
+                    if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch]
+            self.snapshot = (batch, sorted(done, key=lambda t: t.user_attrs.get(SLOT, t.number)))
+        return self.snapshot[1]
+
+    def _view(self, batch: int, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+        """An in-memory study holding the finished trials of the batches before ``batch``."""
+        view = optuna.create_study(study_name=self.spec.name, direction=self.spec.objective.direction,
+                                   sampler=sampler, pruner=make_pruner(self.spec))
+        view.add_trials(self._finished_before(batch))
+        return view
+
+    def _batch_params(self, batch: int, size: int) -> list[dict[str, Any]]:
+        """The params of the batch starting at slot ``batch``: a function of the seed and of the
+        earlier batches' results only (whichever process computes it)."""
+        view = self._view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)))
+        out = []
+        for slot in range(batch, batch + size):
+            if slot < len(self.ctx.enqueue):
+                view.enqueue_trial(self.ctx.enqueue[slot])
+            trial = view.ask()
+            sp.suggest(self.spec.search.space, trial)
+            out.append(trial.params)
+        return out
+
+    # --- running -------------------------------------------------------------------------------
+
+    def _start(self, executor: Executor, trial: optuna.Trial) -> None:
         values = sp.suggest(self.spec.search.space, trial)
-        shadow = None
-        if self.spec.search.reproducible:
-            view = optuna.create_study(study_name=self.spec.name, direction=self.spec.objective.direction,
-                                       pruner=make_pruner(self.spec))
-            view.add_trials(self.snapshot)  # numbers 0..b-1, as in the real study
-            shadow = view.ask()
-        config = TrialConfig(trial.number, trial_seed(self.spec.seed, trial.number), values,
-                             self.spec.with_values(values), self.threads,
-                             str(trial_path(self.ctx.out_dir, trial.number)))
-        self.live[trial.number] = _Live(trial, config, None, shadow)
-        return config
-
-    def _start(self, executor: Executor, config: TrialConfig) -> None:
-        live = self.live[config.number]
-        live.run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, self.sampler_seed)
+        slot, batch = trial.user_attrs.get(SLOT, trial.number), trial.user_attrs.get(BATCH)
+        shadow = self._view(batch).ask() if self.spec.search.reproducible and batch is not None else None
+        config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values, self.spec.with_values(values),
+                             self.threads, str(trial_path(self.ctx.out_dir, trial.number)))
+        seed = sampler_seed(self.spec.seed, batch) if batch is not None else None
+        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed,
+                                tags={"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else None)
+        self.live[trial.number] = _Live(trial, config, run_id, shadow)
+        # known from the start: a process recovering the trial (if this one dies) closes this run
+        self._guard(trial.number, lambda: trial.set_user_attr(INFO, {"seed": config.seed, "mlflow_run_id": run_id}))
         self.ctx.observer.event(TrialEvent.start(config.number, config.params))
         executor.submit(config)
+
+    def _guard(self, number: int, write: Any) -> None:
+        """A write to this process's trial; if another process has failed it meanwhile (this
+        process's lease ran out), the trial is lost here and stops at its next epoch."""
+        try:
+            write()
+        except UpdateFinishedTrialError:
+            self.live[number].lost = True
 
     def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
         """True if the pruner stops this trial after this epoch. Reproducible mode asks the
@@ -113,26 +223,31 @@ class Coordinator:
         live = self.live[number]
         value = metrics[self.spec.objective.metric]
         if live.shadow is None:  # the live study decides: it must hold this epoch first
-            live.trial.report(value, epoch)
-            return live.trial.should_prune()
+            self._guard(number, lambda: live.trial.report(value, epoch))
+            return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
-        return live.shadow.should_prune()
+        return live.lost or live.shadow.should_prune()
 
     def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
         """The slow part of an epoch (storage, MLflow, display), done after the worker has its answer."""
         live = self.live[number]
         self.ctx.tracker.log_metrics(live.run_id, epoch, metrics)
         self.ctx.observer.event(TrialEvent.epoch_end(number, epoch, metrics))
-        if live.shadow is None:
+        if live.shadow is None or live.lost:
             return
-        live.trial.report(metrics[self.spec.objective.metric], epoch)
+        self._guard(number, lambda: live.trial.report(metrics[self.spec.objective.metric], epoch))
         # pruners (ASHA) keep per-trial state in system attrs: carry new values to the real trial
         for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
             if live.trial.system_attrs.get(key) != val:
-                self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val)
+                self._guard(number, lambda: self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val))
 
     def _finish(self, outcome: Outcome) -> None:
-        live = self.live.pop(outcome.number)
+        live = self.live[outcome.number]
+        if outcome.state == "interrupted":  # its worker process died: the trial is retried
+            self.heartbeat.release(live.trial._trial_id)
+            self._retry_lost([(self.study._storage.get_trial(live.trial._trial_id), outcome.reason or "")])
+            self.live.pop(outcome.number)
+            return
         metric = self.spec.objective.metric
         reason = outcome.reason
         if outcome.state == "pruned":
@@ -140,15 +255,98 @@ class Coordinator:
                      f"({metric}={outcome.history[-1][metric]:.4g})"
         info = {"seed": live.config.seed, "reason": reason, "mlflow_run_id": live.run_id,
                 "history": outcome.history, **outcome.info}
-        live.trial.set_user_attr(INFO, info)
         value = outcome.history[-1][metric] if outcome.state == "complete" else None
-        frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
+        self._guard(outcome.number, lambda: live.trial.set_user_attr(INFO, info))
+        frozen = None
+        if not live.lost:
+            try:
+                frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
+            except UpdateFinishedTrialError:
+                live.lost = True
+        self.live.pop(outcome.number)
+        self.heartbeat.release(live.trial._trial_id)
+        if frozen is None:  # another process failed it and retries it: this attempt is void
+            close_trial_run(self.ctx.tracker, live.run_id, "interrupted", "its lease ran out while it trained; "
+                            "another process retried it")
+            return
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
         finished = record(frozen)
-        if outcome.state == "complete":  # free the disk as the sweep goes, not only at its end
+        if outcome.state == "complete":
+            checkpoints.publish(self.spec, self.ctx.tracker, finished, self.ctx.out_dir)
+            # free the disk as the sweep goes, not only at its end
             self.best = checkpoints.keep_better(self.spec, self.best, finished, self.ctx.out_dir)
         self.ctx.observer.event(TrialEvent.end(finished))
 
+    # --- faults --------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Retry the trials of processes that stopped (every half heartbeat), and finish the
+        work of a process that stopped while it held the ledger's lock."""
+        if time.monotonic() < self.next_check:
+            return
+        self.next_check = time.monotonic() + max(POLL_S, self.spec.search.heartbeat_s / 2)
+        sweep = self.ledger.read()
+        holder = sweep.proposing
+        if holder is not None and holder != self.ledger.member and not self.ledger.alive(holder) \
+                and self.ledger.take_lock(holder):
+            self._repair(self.ledger.read())
+            self.ledger.unlock()
+        mine = {live.trial._trial_id for live in self.live.values()}
+        found = [t for t in lease.stale(self.study, self.spec.search.lease_s) if t._trial_id not in mine]
+        if found:
+            self._retry_lost([(t, _lost_reason(t)) for t in found])
+
+    def _retry_lost(self, trials: list[tuple[FrozenTrial, str]]) -> None:
+        """Fail trials whose process stopped and queue each again with the same params, seed and
+        batch, under the ledger's lock (no batch is proposed between a failure and its retry)."""
+        for _ in range(50):
+            if self.ledger.lock():
+                break
+            time.sleep(0.1)
+        else:
+            return  # the lock stays busy: the next check tries again (another process may do it)
+        for t, why in trials:
+            storage = self.study._storage
+            storage.set_trial_system_attr(t._trial_id, INTERRUPTED, why)
+            if not lease.fail(self.study, t):  # it finished (or another process failed it) meanwhile
+                storage.set_trial_system_attr(t._trial_id, INTERRUPTED, False)
+                continue
+            self._enqueue_retry(t)
+            # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
+            close_trial_run(self.ctx.tracker, t.user_attrs.get(INFO, {}).get("mlflow_run_id"), "interrupted", why,
+                            status="FAILED")
+            self.ctx.observer.note(f"trial {t.number} was lost ({why}): retried with the same parameters")
+        self.ledger.unlock()
+
+    def _enqueue_retry(self, t: FrozenTrial) -> None:
+        attrs = {k: t.user_attrs[k] for k in (SLOT, BATCH) if k in t.user_attrs}
+        self.study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
+
+    def _repair(self, sweep: Sweep) -> None:
+        """Holding the lock of a process that stopped mid-way: every slot claimed so far gets a
+        trial (its batch's proposal, or the retry of its lost attempt)."""
+        trials = self.study.get_trials(deepcopy=False)
+        filled = {t.user_attrs.get(SLOT, t.number) for t in trials if not interrupted(t)}
+        for t in trials:
+            slot = t.user_attrs.get(SLOT, t.number)
+            if interrupted(t) and slot not in filled:
+                self._enqueue_retry(t)
+                filled.add(slot)
+        missing = [s for s in range(sweep.batch_start, sweep.proposed) if s not in filled]
+        if missing and not self.spec.search.reproducible:
+            self.ledger.release_slot()  # the stopped process claimed a slot and made no trial for it
+            self.ledger.lock()
+        elif missing:
+            params = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
+            for slot in missing:
+                self.study.enqueue_trial(params[slot - sweep.batch_start],
+                                         user_attrs={SLOT: slot, BATCH: sweep.batch_start})
+
     def records(self) -> list[TrialRecord]:
-        """Every trial of the study (earlier invocations' included), as TrialRecords."""
+        """Every trial of the study (earlier invocations' and other processes' included)."""
         return [record(t) for t in self.study.get_trials(deepcopy=False)]
+
+
+def _lost_reason(t: FrozenTrial) -> str:
+    owner = t.system_attrs.get("sweeper_owner", "an unknown process")
+    return f"its process {owner} stopped renewing its lease"

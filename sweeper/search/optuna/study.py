@@ -4,22 +4,31 @@ trials a killed process left running, and a finished trial as a TrialRecord."""
 from __future__ import annotations
 
 from pathlib import Path
+import time
+import warnings
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.records import TrialRecord
 from sweeper.trial.seeding import sampler_seed
 
 INFO = "sweeper"  # user attr: seed, reason, run id, per-epoch history, provenance
-INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died
+INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died: why
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 STATE = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
          TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 TELL = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+# user attrs set when a trial is created; a retry copies them
+SLOT = "sweeper_slot"  # the trial's place in the budget: its seed (and, reproducible, its batch) follow
+BATCH = "sweeper_batch"  # reproducible mode: the batch that proposed it
+RETRY_OF = "sweeper_retry_of"  # the number of the trial it retries
+OWNER = "sweeper_owner"  # system attr: the member (host:pid:tag) holding the trial's lease
+CREATE_ATTEMPTS = 5  # processes starting together race to create the tables and the study
 SQLITE_LOCK_TIMEOUT_S = 60  # sqlite: wait this long for another process's write lock rather than fail
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # sweeper shows trials in its own table
@@ -29,9 +38,37 @@ def storage_url(spec: SweepSpec, out_dir: Path) -> str:
     return spec.search.storage or f"sqlite:///{(out_dir / 'optuna.db').resolve()}"
 
 
-def make_storage(url: str) -> optuna.storages.RDBStorage:
-    kwargs = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
+    """The study's storage. Leases are Optuna heartbeats (its trial_heartbeats table, the
+    database's clock); sweeper renews and checks them itself (lease.py), since Optuna does only
+    inside study.optimize."""
+    kwargs = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    for attempt in range(CREATE_ATTEMPTS):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=spec.search.heartbeat_s,
+                                                  grace_period=spec.search.lease_s)
+            except ModuleNotFoundError as exc:  # a database driver (psycopg) is not installed
+                raise UserError(f"search.storage: {exc.name} is needed for {url.split(':')[0]}; "
+                                f"install sweeper[postgres]") from None
+            except Exception as exc:  # unreachable server, unknown database, bad credentials
+                if "already exists" in str(exc) and attempt + 1 < CREATE_ATTEMPTS:
+                    time.sleep(0.2 * (attempt + 1))  # another process created Optuna's tables just now
+                    continue
+                raise UserError(f"search.storage: cannot open {safe_url(url)}: {type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0]}") from None
+    raise AssertionError("unreachable")
+
+
+def safe_url(url: str) -> str:
+    """A storage URL without its password, for messages."""
+    import sqlalchemy
+
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1]
 
 
 class _Grid(optuna.samplers.GridSampler):
@@ -64,35 +101,37 @@ def make_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
 
 
 def open_study(spec: SweepSpec, out_dir: Path) -> optuna.Study:
-    return optuna.create_study(study_name=spec.name, storage=make_storage(storage_url(spec, out_dir)),
-                               sampler=make_sampler(spec, sampler_seed(spec.seed, 0)), pruner=make_pruner(spec),
-                               direction=spec.objective.direction, load_if_exists=True)
+    url = storage_url(spec, out_dir)
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return optuna.create_study(study_name=spec.name, storage=make_storage(url, spec),
+                                       sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
+                                       pruner=make_pruner(spec), direction=spec.objective.direction,
+                                       load_if_exists=True)
+        except optuna.exceptions.DuplicatedStudyError:
+            if attempt + 1 == CREATE_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Trials left RUNNING by a killed process: mark them failed and queue their params again."""
-    numbers = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # FrozenTrial exposes no public id; storage calls need it
-        study._storage.set_trial_system_attr(t._trial_id, INTERRUPTED, True)
-        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={"requeued_from": t.number})
-        numbers.append(t.number)
-    return numbers
+def interrupted(t: FrozenTrial) -> bool:
+    """A trial lost with its process (or lease): it was retried and does not count."""
+    return bool(t.system_attrs.get(INTERRUPTED))
 
 
 def counted(study: optuna.Study) -> int:
     """Trials that count toward n_trials: finished, excluding those lost to a killed process."""
-    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not t.system_attrs.get(INTERRUPTED))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not interrupted(t))
 
 
 def record(t: FrozenTrial) -> TrialRecord:
     """A trial as summary.json and the progress table show it."""
     info: dict[str, Any] = t.user_attrs.get(INFO, {})
     reason = info.get("reason")
-    if t.system_attrs.get(INTERRUPTED):
-        reason = "interrupted: its process stopped; the same params were queued again"
+    if interrupted(t):
+        reason = f"interrupted: {t.system_attrs[INTERRUPTED]}; retried with the same parameters"
     history = info.get("history", [])
     return TrialRecord(number=t.number, state=STATE.get(t.state, "failed"), params=t.params, value=t.value,
                        seed=info.get("seed"), reason=reason, epochs=len(history), seconds=info.get("seconds"),
-                       device=info.get("device"), mlflow_run_id=info.get("mlflow_run_id"), history=history)
+                       device=info.get("device"), mlflow_run_id=info.get("mlflow_run_id"),
+                       history=history)

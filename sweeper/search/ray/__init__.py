@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweeper.search.backend import SearchContext, SearchResult
+from sweeper.search.state import FileStore
 from sweeper.spec import SweepSpec
 
 
@@ -25,6 +26,9 @@ class RayBackend:
         addr = cluster.address(spec)
         cluster.storage_path(spec, out_dir, addr)
         cluster.check_tracking(resolve_uri(spec.tracking.mlflow_uri) if spec.tracking.enabled else None, addr)
+
+    def store(self, spec: SweepSpec, out_dir: Path) -> FileStore:
+        return FileStore(out_dir)  # one driver process serves a Ray sweep
 
     def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult:
         from sweeper.search.ray import driver

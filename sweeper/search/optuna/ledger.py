@@ -1,0 +1,257 @@
+"""The sweep's ledger: sweeper's own rows beside the Optuna study, in the same database, shared
+by every process serving the sweep (on one machine or many).
+
+- ``sweeper_sweeps``: one row per study. Who prepares the sweep (its MLflow parent run, the LR
+  warm start) and what they found; the spec it was started with; the budget (n_trials, timeout)
+  and what has been claimed of it: batches and trial slots, each claimed by one atomic
+  compare-and-set UPDATE, so the budget is never exceeded nor short, whatever the number of
+  processes; a stop request.
+- ``sweeper_members``: one row per process serving the sweep (host, pid, role), renewed by its
+  heartbeat: ``sweeper status`` shows it, and a claim left by a process that stopped renewing
+  can be taken over.
+
+A "slot" is a trial of the budget: slot s is the s-th trial proposed (0-based). A trial retried
+because its process died keeps its slot (and so its seed and parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+METADATA = sa.MetaData()
+SWEEPS = sa.Table(
+    "sweeper_sweeps", METADATA,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),  # JSON: the spec the sweep was started with
+    sa.Column("state", sa.String(16), nullable=False),  # preparing | ready
+    sa.Column("preparer", sa.String(128)),  # member preparing it (state preparing)
+    sa.Column("prepared", sa.Text),  # JSON: what preparing produced (runner.Prepared)
+    sa.Column("n_trials", sa.Integer),  # the budget; None: until the timeout
+    sa.Column("timeout_s", sa.Float),
+    sa.Column("started_at", sa.Float, nullable=False),  # unix time the sweep (or its resume) began
+    sa.Column("batches", sa.Integer, nullable=False, default=0),  # batches claimed
+    sa.Column("proposed", sa.Integer, nullable=False, default=0),  # slots claimed
+    sa.Column("batch_start", sa.Integer, nullable=False, default=0),  # first slot of the last batch
+    sa.Column("proposing", sa.String(128)),  # the lock: member creating or retrying trials, else None
+    sa.Column("stop", sa.Boolean, nullable=False, default=False),
+)
+MEMBERS = sa.Table(
+    "sweeper_members", METADATA,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("member", sa.String(128), primary_key=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),  # run | worker
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),  # its last heartbeat (unix time)
+    sa.Column("left_at", sa.Float),  # it exited cleanly
+)
+
+
+def host_name() -> str:
+    """This machine's name in leases and ``sweeper status``: $SWEEPER_HOST, else the host name
+    (set SWEEPER_HOST where containers on one kernel share a host name)."""
+    return os.environ.get("SWEEPER_HOST") or socket.gethostname()
+
+
+def this_member() -> str:
+    return f"{host_name()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweeps row."""
+
+    spec: dict[str, Any]
+    state: str
+    preparer: str | None
+    prepared: dict[str, Any] | None
+    n_trials: int | None
+    timeout_s: float | None
+    started_at: float
+    batches: int
+    proposed: int
+    batch_start: int
+    proposing: str | None
+    stop: bool
+
+    def deadline(self) -> float | None:
+        return None if self.timeout_s is None else self.started_at + self.timeout_s
+
+
+def engine_for(url: str) -> sa.Engine:
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return sa.create_engine(url, **kwargs)
+
+
+class Ledger:
+    """The rows of one study (``name``) in the database at ``url``."""
+
+    def __init__(self, url: str, name: str, grace_s: float, member: str | None = None) -> None:
+        self.engine, self.name, self.grace_s = engine_for(url), name, grace_s
+        self.member = member or this_member()
+        for attempt in range(5):  # processes starting together race to create the tables
+            try:
+                METADATA.create_all(self.engine)
+                break
+            except (IntegrityError, OperationalError, ProgrammingError):
+                if attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- the sweep row -------------------------------------------------------------------------
+
+    def read(self) -> Sweep | None:
+        with self.engine.connect() as db:
+            row = db.execute(sa.select(SWEEPS).where(SWEEPS.c.study == self.name)).mappings().first()
+        if row is None:
+            return None
+        return Sweep(spec=json.loads(row["spec"]), state=row["state"], preparer=row["preparer"],
+                     prepared=json.loads(row["prepared"]) if row["prepared"] else None,
+                     n_trials=row["n_trials"], timeout_s=row["timeout_s"], started_at=row["started_at"],
+                     batches=row["batches"], proposed=row["proposed"], batch_start=row["batch_start"],
+                     proposing=row["proposing"], stop=row["stop"])
+
+    def create(self, spec: dict[str, Any], n_trials: int | None, timeout_s: float | None, existing: int = 0) -> bool:
+        """Insert the sweep's row with this process preparing it; False if it exists already.
+        ``existing``: trials the study holds already (made before it had a ledger)."""
+        try:
+            with self.engine.begin() as db:
+                db.execute(SWEEPS.insert().values(
+                    study=self.name, spec=json.dumps(spec), state="preparing", preparer=self.member,
+                    n_trials=n_trials, timeout_s=timeout_s, started_at=time.time(), batches=int(existing > 0),
+                    proposed=existing, batch_start=0, stop=False))
+            return True
+        except IntegrityError:
+            return False
+
+    def _update(self, where: Any, **values: Any) -> bool:
+        """One atomic UPDATE of the sweep's row where ``where`` holds; True if it applied."""
+        with self.engine.begin() as db:
+            done = db.execute(SWEEPS.update().where(SWEEPS.c.study == self.name, where).values(**values))
+        return done.rowcount == 1
+
+    def take_preparation(self, dead: str | None) -> bool:
+        """Prepare in place of ``dead`` (a preparer that stopped), or re-prepare a ready sweep (dead=None)."""
+        owner = SWEEPS.c.preparer == dead if dead is not None else SWEEPS.c.state == "ready"
+        return self._update(owner, state="preparing", preparer=self.member)
+
+    def publish(self, prepared: dict[str, Any]) -> None:
+        self._update(SWEEPS.c.preparer == self.member, state="ready", prepared=json.dumps(prepared))
+
+    def restart(self, spec: dict[str, Any], n_trials: int | None, timeout_s: float | None) -> None:
+        """`sweeper run` (re)starting the sweep: its spec and budget, the timeout counted from now,
+        and no stop request."""
+        self._update(sa.true(), spec=json.dumps(spec), n_trials=n_trials, timeout_s=timeout_s,
+                     started_at=time.time(), stop=False)
+
+    def request_stop(self) -> bool:
+        return self._update(sa.true(), stop=True)
+
+    # --- claims --------------------------------------------------------------------------------
+
+    def claim_batch(self, seen: Sweep, size: int) -> bool:
+        """Claim batch ``seen.batches`` (slots ``seen.proposed`` .. +size) for this process to
+        propose, holding the lock until it has enqueued them; False if another process was first."""
+        return self._update(sa.and_(SWEEPS.c.batches == seen.batches, SWEEPS.c.proposing.is_(None)),
+                            batches=seen.batches + 1, proposed=seen.proposed + size,
+                            batch_start=seen.proposed, proposing=self.member)
+
+    def claim_slot(self, seen: Sweep) -> bool:
+        """Claim slot ``seen.proposed`` (reproducible: false proposes one trial at a time), holding
+        the lock until its trial exists."""
+        return self._update(sa.and_(SWEEPS.c.proposed == seen.proposed, SWEEPS.c.proposing.is_(None)),
+                            proposed=seen.proposed + 1, batch_start=seen.proposed, proposing=self.member)
+
+    def release_slot(self) -> None:
+        """Give back the slot claimed last (reproducible: false, when no trial was made for it)."""
+        self._update(SWEEPS.c.proposing == self.member, proposed=SWEEPS.c.proposed - 1, proposing=None)
+
+    def lock(self) -> bool:
+        """The sweep's lock, held while trials are created or retried: no batch is claimed while
+        a trial of the last one is between failed and retried."""
+        return self._update(SWEEPS.c.proposing.is_(None), proposing=self.member)
+
+    def take_lock(self, dead: str) -> bool:
+        """The lock of a process that stopped while holding it (its work is then repaired)."""
+        return self._update(SWEEPS.c.proposing == dead, proposing=self.member)
+
+    def unlock(self) -> None:
+        self._update(SWEEPS.c.proposing == self.member, proposing=None)
+
+    # --- members -------------------------------------------------------------------------------
+
+    def join(self, role: str) -> None:
+        now = time.time()
+        host, pid, _ = self.member.split(":")
+        with self.engine.begin() as db:
+            db.execute(MEMBERS.insert().values(study=self.name, member=self.member, host=host, pid=int(pid),
+                                               role=role, started_at=now, seen_at=now))
+
+    def heartbeat(self) -> None:
+        with self.engine.begin() as db:
+            db.execute(MEMBERS.update().where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
+                       .values(seen_at=time.time()))
+
+    def leave(self) -> None:
+        with self.engine.begin() as db:
+            db.execute(MEMBERS.update().where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
+                       .values(left_at=time.time()))
+
+    def members(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(MEMBERS).where(MEMBERS.c.study == self.name)
+                              .order_by(MEMBERS.c.started_at)).mappings().all()
+        return [dict(r) for r in rows]
+
+    def alive(self, member: str | None) -> bool:
+        """Whether ``member`` still renews its heartbeat (a process on this host: whether its pid lives)."""
+        if member is None:
+            return False
+        row = next((m for m in self.members() if m["member"] == member), None)
+        if row is None or row["left_at"] is not None:
+            return False
+        if row["host"] == host_name() and not pid_alive(row["pid"]):
+            return False
+        return time.time() - row["seen_at"] < self.grace_s
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def studies(url: str, shown: Any = str) -> list[str]:
+    """The sweeps recorded in the database at ``url`` (``shown(url)`` in errors)."""
+    from sweeper.errors import UserError
+
+    try:
+        engine = engine_for(url)
+    except Exception as exc:  # not a database URL; a driver missing
+        raise UserError(f"--study {shown(url)}: {type(exc).__name__}: {exc}") from None
+    try:
+        if not sa.inspect(engine).has_table(SWEEPS.name):
+            return []
+        with engine.connect() as db:
+            return list(db.execute(sa.select(SWEEPS.c.study)).scalars())
+    except sa.exc.SQLAlchemyError as exc:
+        raise UserError(f"--study {shown(url)}: cannot read it: {str(exc).splitlines()[0]}") from None
+    finally:
+        engine.dispose()

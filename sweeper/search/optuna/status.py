@@ -1,0 +1,103 @@
+"""`sweeper status` and `sweeper stop` for an Optuna sweep, by output folder or storage URL:
+trials by state, which process holds which trial, throughput, the budget and time left."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.errors import UserError
+from sweeper.search.optuna.ledger import Ledger
+from sweeper.search.optuna.ledger import studies as ledger_studies
+from sweeper.search.optuna.study import INTERRUPTED, OWNER, STATE, safe_url
+
+RECENT = 10  # throughput: over the last this many finished trials
+
+
+def locate(folder: Path | None, study: str | None, name: str | None) -> tuple[str, str]:
+    """(storage URL, sweep name) from an output folder (its spec.yaml and optuna.db) or a URL."""
+    if (folder is None) == (study is None):
+        raise UserError("give the sweep's output folder, or --study URL")
+    if folder is not None:
+        spec_file = folder / "spec.yaml"
+        if not spec_file.exists():
+            raise UserError(f"{folder}: no spec.yaml; not the output folder of a `sweeper run`")
+        spec = yaml.safe_load(spec_file.read_text())
+        study = spec["search"].get("storage") or f"sqlite:///{(folder / 'optuna.db').resolve()}"
+        name = name or spec["name"]
+    assert study is not None
+    names = ledger_studies(study, safe_url)
+    if name is None and len(names) == 1:
+        name = names[0]
+    if name not in names:
+        raise UserError(f"{safe_url(study)} holds no sweep {repr(name) if name else ''}; it holds: "
+                        f"{', '.join(names) or 'none'}{'' if name else ' (name one with --name)'}")
+    return study, name
+
+
+def report(url: str, name: str) -> dict[str, Any]:
+    """The sweep's state as plain data (``sweeper status --json`` prints it as is)."""
+    import optuna
+
+    ledger = Ledger(url, name, grace_s=0)
+    try:
+        sweep = ledger.read()
+        members = ledger.members()
+    finally:
+        ledger.close()
+    assert sweep is not None
+    lease_s = sweep.spec["search"].get("lease_s", 60)
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    counts: dict[str, int] = {}
+    for t in trials:
+        state = "interrupted" if t.system_attrs.get(INTERRUPTED) else STATE.get(t.state, "failed")
+        counts[state] = counts.get(state, 0) + 1
+    held: dict[str, list[str]] = {}
+    for t in trials:
+        if t.state.name == "RUNNING":
+            epochs = len(t.intermediate_values)
+            held.setdefault(t.system_attrs.get(OWNER, "?"), []).append(f"#{t.number} (epoch {epochs})")
+    finished = sorted(t.datetime_complete for t in trials if t.datetime_complete is not None)
+    recent = finished[-RECENT:]
+    per_min = None
+    if len(recent) >= 2 and recent[-1] > recent[0]:
+        per_min = (len(recent) - 1) / ((recent[-1] - recent[0]).total_seconds() / 60)
+    now = time.time()
+    cap = sweep.n_trials
+    unfinished = counts.get("running", 0) + counts.get("waiting", 0)
+    to_go = None if cap is None else max(0, cap - sweep.proposed) + unfinished
+    deadline = sweep.deadline()
+    eta_s = to_go / per_min * 60 if per_min and to_go is not None else None
+    if deadline is not None:
+        eta_s = min(eta_s, max(0.0, deadline - now)) if eta_s is not None else max(0.0, deadline - now)
+    return {
+        "name": name, "storage": safe_url(url), "stop_requested": sweep.stop,
+        "state": "stopping" if sweep.stop and counts.get("running") else "stopped" if sweep.stop else
+                 "done" if to_go == 0 or (deadline is not None and now >= deadline and not unfinished) else "running",
+        "budget": {"n_trials": cap, "claimed": sweep.proposed, "timeout_s": sweep.timeout_s,
+                   "timeout_left_s": None if deadline is None else max(0.0, deadline - now)},
+        "counts": counts, "trials_per_min": per_min, "time_left_s": eta_s,
+        "last_finished": finished[-1].isoformat(timespec="seconds") if finished else None,
+        "processes": [{"member": m["member"], "role": m["role"], "host": m["host"], "pid": m["pid"],
+                       "seen_s_ago": round(now - m["seen_at"], 1),
+                       "alive": m["left_at"] is None and now - m["seen_at"] < lease_s,
+                       "holds": held.get(m["member"], [])} for m in members],
+    }
+
+
+def stop(url: str, name: str) -> None:
+    ledger = Ledger(url, name, grace_s=0)
+    try:
+        ledger.request_stop()
+    finally:
+        ledger.close()
+
+
+def since(iso: str | None) -> str:
+    if iso is None:
+        return "-"
+    return f"{(datetime.now() - datetime.fromisoformat(iso)).total_seconds():.0f} s ago"

@@ -1,0 +1,131 @@
+"""An Optuna sweep's shared state: the study and its ledger, opened once per process.
+
+Every process serving the sweep (``sweeper run`` or ``sweeper worker``, on any machine) joins
+through ``prepare``: the first creates the ledger row and prepares the sweep; the others check
+that their spec defines the same trials, wait until it is prepared, and read what it found.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import UserError
+from sweeper.search.optuna import study as studies
+from sweeper.search.optuna.lease import Heartbeat
+from sweeper.search.optuna.ledger import Ledger, Sweep
+from sweeper.search.optuna.ledger import studies as ledger_studies
+from sweeper.search.state import Prepare, Prepared
+from sweeper.spec import SweepSpec
+
+WAIT_S = 0.5  # how often a joining process looks whether the sweep is prepared
+# Spec fields each process may set for itself: they change where or how fast it trains, or the
+# budget (which `sweeper run` sets for everyone), not which trials the sweep runs.
+PER_PROCESS = {("search", "parallel"), ("search", "n_trials"), ("search", "timeout"), ("search", "storage"),
+               ("search", "heartbeat_s"), ("search", "lease_s"), ("search", "artifact_root"),
+               ("train", "device"), ("train", "cpu_threads"), ("export",), ("tracking",)}
+
+
+def trial_defining(spec: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a spec (as JSON) that decide the sweep's trials."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in spec.items()}
+    for path in PER_PROCESS:
+        node = out
+        for part in path[:-1]:
+            node = node.get(part, {})
+        node.pop(path[-1], None)
+    return out
+
+
+def differences(stored: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where two specs' trial-defining parts differ."""
+    out = []
+    for key in sorted(set(stored) | set(mine)):
+        a, b = stored.get(key), mine.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} (the sweep's: {a!r}, yours: {b!r})")
+    return out
+
+
+def stored_spec(url: str, name: str | None) -> dict[str, Any]:
+    """The spec of sweep ``name`` (or of the only sweep) in the database at ``url``, with
+    search.storage set to ``url`` (how this machine reaches it)."""
+    names = ledger_studies(url, studies.safe_url)
+    if name is None and len(names) != 1:
+        raise UserError(f"--study {studies.safe_url(url)} holds {len(names)} sweeps"
+                        f"{': ' + ', '.join(names) if names else ''}; name one with --name")
+    name = name or names[0]
+    if name not in names:
+        raise UserError(f"--study {studies.safe_url(url)} holds no sweep '{name}'; it holds: "
+                        f"{', '.join(names) or 'none'}")
+    ledger = Ledger(url, name, grace_s=1)
+    try:
+        sweep = ledger.read()
+    finally:
+        ledger.close()
+    assert sweep is not None
+    spec = dict(sweep.spec)
+    spec["search"] = {**spec["search"], "storage": url}
+    return spec
+
+
+class LedgerStore:
+    def __init__(self, spec: SweepSpec, out_dir: Path) -> None:
+        self.url = studies.storage_url(spec, out_dir)
+        self.study = studies.open_study(spec, out_dir)
+        self.ledger = Ledger(self.url, spec.name, grace_s=spec.search.lease_s)
+        # renews this process's member row (and, once it trains, its trials' leases) from joining on:
+        # preparing (the LR warm start) can outlast a lease
+        self.heartbeat = Heartbeat(self.study, self.ledger, spec.search.heartbeat_s)
+        self.joined = False
+
+    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+        mine = spec.model_dump(mode="json")
+        self.ledger.join(role)
+        self.joined = True
+        self.heartbeat.start()
+        if self.ledger.create(mine, spec.search.n_trials, spec.search.timeout, self._existing()):
+            return self._make(make)
+        while True:
+            sweep = self._read()
+            changed = differences(trial_defining(sweep.spec), trial_defining(mine))
+            if changed:
+                raise UserError(f"search.storage {studies.safe_url(self.url)} holds sweep '{spec.name}' with other "
+                                f"trials than this spec defines: {'; '.join(changed[:5])}. Use the sweep's spec "
+                                f"(`sweeper worker --study URL` reads it from the database), or another name")
+            if sweep.state == "ready":
+                prepared = Prepared.model_validate(sweep.prepared)
+                if role == "run":  # `sweeper run` sets the budget and restarts the timeout for everyone
+                    self.ledger.restart(mine, spec.search.n_trials, spec.search.timeout)
+                if prepared.tracking_uri != tracking_uri and role == "run" and self.ledger.take_preparation(None):
+                    return self._make(make)
+                return prepared
+            if not self.ledger.alive(sweep.preparer) and self.ledger.take_preparation(sweep.preparer):
+                return self._make(make)
+            time.sleep(WAIT_S)  # another process prepares it (its LR warm start): wait
+
+    def _make(self, make: Prepare) -> Prepared:
+        prepared = make()
+        self.ledger.publish(prepared.model_dump(mode="json", exclude={"fresh"}))
+        return prepared
+
+    def _read(self) -> Sweep:
+        sweep = self.ledger.read()
+        assert sweep is not None, "the ledger row exists once created"
+        return sweep
+
+    def _existing(self) -> int:
+        """Trials of a study made before it had a ledger (an older sweeper): their slots are taken."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False) if not studies.interrupted(t))
+
+    def close(self) -> None:
+        if self.joined:
+            self.heartbeat.stop()
+            try:
+                self.ledger.leave()
+            except Exception:  # the database is gone: the member's heartbeat simply stops
+                pass
+        self.ledger.close()

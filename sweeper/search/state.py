@@ -1,0 +1,85 @@
+"""What preparing a sweep produces (its MLflow parent run, the LR warm start's findings), and
+where it is kept so that a re-run, or another process joining the sweep, uses the same:
+
+- ``FileStore``: <out>/sweep.json, for a sweep served by one process (backend ray);
+- the Optuna ledger (search/optuna/store.py), in the study's database, for sweeps that any
+  number of processes on any machines serve.
+
+Exactly one process prepares a sweep; the others wait for it and read what it found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sweeper.errors import UserError
+from sweeper.spec import SweepSpec
+
+STATE_FILE = "sweep.json"  # in --out (FileStore)
+LR = "optimizer.args.lr"
+
+
+class Prepared(BaseModel):
+    """A prepared sweep: where it is tracked and what the LR warm start decided."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int = 2
+    tracking_uri: str | None = None
+    parent_run_id: str | None = None
+    lr_range: tuple[float, float] | None = None  # the narrowed search range of optimizer.args.lr
+    enqueue: list[dict[str, Any]] = []  # params of the trials to run first
+    lr_finder: dict[str, Any] | None = None  # summary.json's lr_finder entry
+    fresh: bool = False  # prepared by this process just now (not stored)
+
+    def apply(self, spec: SweepSpec) -> SweepSpec:
+        """The spec with the warm start's narrowed LR range."""
+        if self.lr_range is None or LR not in spec.search.space:
+            return spec
+        low, high = self.lr_range
+        space = {**spec.search.space, LR: spec.search.space[LR].model_copy(update={"low": low, "high": high})}
+        return spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})})
+
+    def stored(self) -> str:
+        return self.model_dump_json(exclude={"fresh"})
+
+
+# prepare(): start the sweep's parent run and run the warm start; returns what they produced
+Prepare = Callable[[], Prepared]
+
+
+class SweepStore(Protocol):
+    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+        """The sweep's Prepared: stored, or made by ``make`` (then stored) when this process is the
+        one to prepare it. A stored one tracked elsewhere (another tracking URI) is made anew."""
+
+    def close(self) -> None: ...
+
+
+class FileStore:
+    """<out>/sweep.json: one process serves the sweep; a re-run resumes what it stored."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / STATE_FILE
+
+    def read(self) -> Prepared | None:
+        if not self.path.exists():
+            return None
+        try:
+            return Prepared.model_validate_json(self.path.read_text())
+        except ValidationError:
+            raise UserError(f"{self.path}: not the sweep state sweeper writes; remove it to start the "
+                            f"sweep's MLflow record afresh") from None
+
+    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+        previous = self.read()
+        if previous is not None and previous.tracking_uri == tracking_uri:
+            return previous
+        prepared = make()
+        self.path.write_text(prepared.stored())
+        return prepared
+
+    def close(self) -> None:
+        pass

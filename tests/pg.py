@@ -1,0 +1,73 @@
+"""PostgreSQL for tests: a fresh database per use, dropped afterwards.
+
+The server is $SWEEPER_TEST_PG, a SQLAlchemy URL without a database name (default
+``postgresql+psycopg://postgres@127.0.0.1:5432``; the user must be allowed CREATE DATABASE).
+A test that needs PostgreSQL fails, naming SWEEPER_TEST_PG, when the server cannot be reached:
+a missing server must not pass as a skipped test.
+
+Use it from a test module (tests/ is on sys.path, as for conftest)::
+
+    from pg import pg_database, pg_url  # noqa: F401 (pg_url is a fixture: importing registers it)
+
+    def test_storage(pg_url: str): ...  # one fresh database's URL for this test
+
+    with pg_database("mlflow") as url: ...  # several, or in a fixture of a broader scope
+
+A URL names the psycopg 3 driver unless SWEEPER_TEST_PG names another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+ENV = "SWEEPER_TEST_PG"
+DEFAULT = "postgresql+psycopg://postgres@127.0.0.1:5432"
+
+
+def server_url():
+    """$SWEEPER_TEST_PG (or the default) as a sqlalchemy URL."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(os.environ.get(ENV) or DEFAULT)
+
+
+def _admin():
+    """An autocommit connection to the server's maintenance database (CREATE/DROP DATABASE cannot
+    run in a transaction); a failed test naming SWEEPER_TEST_PG when there is no server."""
+    import psycopg
+
+    url = server_url()
+    try:
+        return psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
+                               dbname="postgres", autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0]
+    # outside the except clause: the message alone, without psycopg's traceback chained to it
+    pytest.fail(f"no PostgreSQL server at {url.render_as_string(hide_password=True)} ({reason}); start one, "
+                f"or point {ENV} at one, e.g. {ENV}=postgresql+psycopg://USER:PASSWORD@HOST:5432", pytrace=False)
+
+
+@contextlib.contextmanager
+def pg_database(prefix: str = "test") -> Iterator[str]:
+    """A new, empty database (a unique name: tests may run in parallel or share a server);
+    yields its SQLAlchemy URL, then drops it, closing the connections left open to it."""
+    name = f"sweeper_{prefix}_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server_url().set(database=name).render_as_string(hide_password=False)
+    finally:
+        with _admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh database's SQLAlchemy URL, dropped after the test."""
+    with pg_database() as url:
+        yield url
