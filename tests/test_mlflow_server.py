@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import optuna
 import pytest
 import requests
 from mlflow.tracking import MlflowClient
@@ -114,12 +115,33 @@ def leaks(text: str) -> bool:
     return any(s in text for s in SECRETS)
 
 
-def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server, tmp_path: Path,
+def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server, tmp_path: Path, gate: Path,
                                                                    monkeypatch: pytest.MonkeyPatch):
+    """Two processes serve one sweep (a worker and `sweeper run`, sharing a PostgreSQL study) and
+    both log to the server; the worker holds trial 0 at the gate until the run has trained the rest."""
     login(monkeypatch, server, PASSWORD)
-    spec = write_spec(tmp_path / "spec.yaml", tracking={"experiment": "server-mode"})
-    proc = sweeper("run", str(spec), *FAST, "--out", str(tmp_path / "out"), "-q", check=True)
-    assert not leaks(proc.stdout + proc.stderr)
+    with pg_database("study") as storage:
+        spec = write_spec(tmp_path / "spec.yaml", tracking={"experiment": "server-mode"},
+                          schedule={"plugin": "gate", "args": {"folder": str(gate), "epoch": 1}})
+        args = [str(spec), "search.n_trials=4", "train.epochs=1", f"search.storage={storage}", "-q"]
+
+        def serve(role: str) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "sweeper", role, *args, "--out", str(tmp_path / role)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def completed() -> int:
+            return sum(t.state.name == "COMPLETE" for t in optuna.load_study(study_name="smoke", storage=storage).trials)
+
+        procs = {"worker": serve("worker")}
+        wait_for(lambda: (gate / "blocked").exists(), procs["worker"], what="the worker holding trial 0")
+        procs["run"] = serve("run")
+        wait_for(lambda: completed() == 3, procs["run"], what="the run training trials 1-3")
+        (gate / "release").touch()
+        outputs = {role: p.communicate(timeout=600)[0] for role, p in procs.items()}
+        assert all(p.returncode == 0 for p in procs.values()), outputs
+        owners = {t.system_attrs["sweeper_owner"] for t in optuna.load_study(study_name="smoke", storage=storage).trials}
+    assert len(owners) == 2 and not leaks("".join(outputs.values())) and "Traceback" not in "".join(outputs.values())
+    tmp_out = [tmp_path / "worker", tmp_path / "run"]
 
     client = MlflowClient(server.url)
     experiment = client.get_experiment_by_name("server-mode")
@@ -130,11 +152,11 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
     runs = client.search_runs([experiment.experiment_id])
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     trials = children(client, parent.info.run_id)
-    assert len(runs) == 3 and len(trials) == 2
+    assert len(runs) == 5 and len(trials) == 4
     assert parent.info.status == "FINISHED" and parent.data.tags["sweeper.kind"] == "sweep"
     assert all(t.info.status == "FINISHED" and t.data.tags["sweeper.state"] == "complete" for t in trials)
     # the best model registered, and logged in the sweep's experiment (the user may write only there)
-    registry = json.loads((tmp_path / "out" / "summary.json").read_text())["registry"]
+    registry = json.loads((tmp_path / "run" / "summary.json").read_text())["registry"]
     assert registry.get("version") == 1, registry
     assert client.get_model_version(registry["name"], "1").run_id == parent.info.run_id
     [model] = client.search_logged_models(experiment_ids=[experiment.experiment_id])
@@ -146,8 +168,8 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
         names = {p.name for p in files.rglob("*") if p.is_file()}
         assert names >= ({"spec.json", "summary.json"} if run.info.run_id == parent.info.run_id else {"trial.json"})
         assert not [p for p in files.rglob("*") if p.is_file() and leaks(p.read_bytes().decode("latin-1"))]
-    # what the sweep left on disk: checkpoints, exports, summary.json, the sweep's state
-    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    # what the sweep left on disk: checkpoints, exports, summary.json
+    written = [p for out in tmp_out for p in out.rglob("*") if p.is_file()]
     assert written and not [p for p in written if leaks(p.read_bytes().decode("latin-1"))]
 
 
