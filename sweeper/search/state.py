@@ -19,7 +19,6 @@ from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 
 STATE_FILE = "sweep.json"  # in --out (FileStore)
-LR = "optimizer.args.lr"
 
 
 class Prepared(BaseModel):
@@ -36,11 +35,11 @@ class Prepared(BaseModel):
 
     def apply(self, spec: SweepSpec) -> SweepSpec:
         """The spec with the warm start's narrowed LR range."""
-        if self.lr_range is None or LR not in spec.search.space:
+        if self.lr_range is None:
             return spec
-        low, high = self.lr_range
-        space = {**spec.search.space, LR: spec.search.space[LR].model_copy(update={"low": low, "high": high})}
-        return spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})})
+        from sweeper.search.warm_start import narrow  # imports torch: only when there is a range
+
+        return narrow(spec, *self.lr_range)
 
     def stored(self) -> str:
         return self.model_dump_json(exclude={"fresh"})

@@ -124,14 +124,19 @@ def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:
     if settings.policy in ("narrow", "both"):
         low = clip(min(f.result.suggestion for f in useful) / settings.factor)
         high = clip(max(f.result.suggestion for f in useful) * settings.factor)
-        space = {**spec.search.space, LR: declared.model_copy(update={"low": low, "high": high})}
-        narrowed = spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})})
+        narrowed = narrow(spec, low, high)
     suggestions = ", ".join(f"{f.result.suggestion:.3g}" for f in useful)
     range_note = f"; LR range narrowed to [{narrowed.search.space[LR].low:.3g}, " \
                  f"{narrowed.search.space[LR].high:.3g}]" if narrowed is not spec else ""
     note = f"LR finder: suggestion {suggestions} ({sum(f.result.steps for f in findings)} steps, " \
            f"{sum(f.result.seconds for f in findings):.1f} s); {len(enqueue)} trial(s) enqueued{range_note}"
     return WarmStart(narrowed, enqueue, findings, note)
+
+
+def narrow(spec: SweepSpec, low: float, high: float) -> SweepSpec:
+    """The spec with optimizer.args.lr searched in [low, high]."""
+    space = {**spec.search.space, LR: spec.search.space[LR].model_copy(update={"low": low, "high": high})}
+    return spec.model_copy(update={"search": spec.search.model_copy(update={"space": space})})
 
 
 def base_values(spec: SweepSpec) -> dict[str, Any]:

@@ -255,3 +255,17 @@ def studies(url: str, shown: Any = str) -> list[str]:
         raise UserError(f"--study {shown(url)}: cannot read it: {str(exc).splitlines()[0]}") from None
     finally:
         engine.dispose()
+
+
+def find(url: str, name: str | None, shown: Any = str) -> str:
+    """The sweep ``name`` in the database at ``url`` (None: its only sweep); a UserError naming
+    the sweeps it holds otherwise."""
+    from sweeper.errors import UserError
+
+    names = studies(url, shown)
+    if name is None and len(names) == 1:
+        return names[0]
+    if name is None or name not in names:
+        raise UserError(f"{shown(url)} holds no sweep {repr(name) if name else ''}; it holds: "
+                        f"{', '.join(names) or 'none'}{'' if name else ' (name one with --name)'}")
+    return name

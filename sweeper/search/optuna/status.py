@@ -11,8 +11,7 @@ from typing import Any
 import yaml
 
 from sweeper.errors import UserError
-from sweeper.search.optuna.ledger import Ledger
-from sweeper.search.optuna.ledger import studies as ledger_studies
+from sweeper.search.optuna.ledger import Ledger, find
 from sweeper.search.optuna.study import INTERRUPTED, OWNER, STATE, safe_url
 
 RECENT = 10  # throughput: over the last this many finished trials
@@ -30,13 +29,7 @@ def locate(folder: Path | None, study: str | None, name: str | None) -> tuple[st
         study = spec["search"].get("storage") or f"sqlite:///{(folder / 'optuna.db').resolve()}"
         name = name or spec["name"]
     assert study is not None
-    names = ledger_studies(study, safe_url)
-    if name is None and len(names) == 1:
-        name = names[0]
-    if name not in names:
-        raise UserError(f"{safe_url(study)} holds no sweep {repr(name) if name else ''}; it holds: "
-                        f"{', '.join(names) or 'none'}{'' if name else ' (name one with --name)'}")
-    return study, name
+    return study, find(study, name, safe_url)
 
 
 def report(url: str, name: str) -> dict[str, Any]:

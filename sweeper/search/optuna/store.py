@@ -15,7 +15,7 @@ from sweeper.errors import UserError
 from sweeper.search.optuna import study as studies
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep
-from sweeper.search.optuna.ledger import studies as ledger_studies
+from sweeper.search.optuna.ledger import find
 from sweeper.search.state import Prepare, Prepared
 from sweeper.spec import SweepSpec
 
@@ -53,14 +53,7 @@ def differences(stored: dict[str, Any], mine: dict[str, Any], prefix: str = "") 
 def stored_spec(url: str, name: str | None) -> dict[str, Any]:
     """The spec of sweep ``name`` (or of the only sweep) in the database at ``url``, with
     search.storage set to ``url`` (how this machine reaches it)."""
-    names = ledger_studies(url, studies.safe_url)
-    if name is None and len(names) != 1:
-        raise UserError(f"--study {studies.safe_url(url)} holds {len(names)} sweeps"
-                        f"{': ' + ', '.join(names) if names else ''}; name one with --name")
-    name = name or names[0]
-    if name not in names:
-        raise UserError(f"--study {studies.safe_url(url)} holds no sweep '{name}'; it holds: "
-                        f"{', '.join(names) or 'none'}")
+    name = find(url, name, studies.safe_url)
     ledger = Ledger(url, name, grace_s=1)
     try:
         sweep = ledger.read()
