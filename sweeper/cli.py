@@ -13,8 +13,9 @@ from typing import Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from sweeper.errors import UserError
+from sweeper.errors import SweepStopped, UserError
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -26,7 +27,8 @@ OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.e
 
 
 def user_errors(fn: Callable) -> Callable:
-    """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback."""
+    """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback. A
+    sweep its circuit breaker stopped (SweepStopped): its message, exit code 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -34,6 +36,9 @@ def user_errors(fn: Callable) -> Callable:
         except UserError as exc:
             err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
+        except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
+            err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)
+            raise typer.Exit(1) from None
     return wrapper
 
 
@@ -166,12 +171,15 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
 
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.spec import load
+    from sweeper.trial.preflight import dry_build
 
     sweep = load(spec, overrides or [])
     check_plugins(sweep)
+    dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo(f"# budget: {sweep.budget()}")
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
+    typer.echo(f"# dry build: {dry.summary()}")
 
 
 @app.command("lr-find")
@@ -183,9 +191,11 @@ def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
     from sweeper.search import runner, warm_start
     from sweeper.spec import load
     from sweeper.trial.lr_finder import plot
+    from sweeper.trial.preflight import dry_build
 
     sweep = load(spec, overrides or [])
     check_plugins(sweep)
+    dry_build(sweep)  # a missing data set or a broken plugin: exit 2, as for `sweeper run`
     result = warm_start.find_alone(sweep)
     path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
     lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
@@ -194,6 +204,19 @@ def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
         if result.steepest is not None and result.min_loss_lr is not None else ""
     typer.echo(f"suggested lr: {found}{detail}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
                f"(stopped: {result.stopped})\nplot: {path}")
+
+
+@app.command()
+@user_errors
+def sync(folder: Path = typer.Argument(..., help="a sweep's output folder, e.g. runs/<name>", show_default=False),
+         tracking_uri: Optional[str] = typer.Option(None, help="default: the URI each journal was written for")) -> None:
+    """Send to MLflow what a sweep logged while its tracking server was away (the folder's
+    mlflow-journal); exit 2 if the server still does not answer."""
+    from sweeper.track.sync import sync_folder
+
+    report = sync_folder(folder, tracking_uri)
+    held = f"; {len(report.held)} journal(s) are held by running processes, which send them" if report.held else ""
+    Console(highlight=False).print(f"sent {report.sent} MLflow write(s) from {folder}{held}")
 
 
 @app.command()
@@ -227,7 +250,10 @@ def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a n
 def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a completed trial"),
                formats: Optional[list[str]] = typer.Option(None, "--formats", help="torchscript, pt2, onnx "
                                                            "(repeat or comma-separate) [default: the spec's]"),
-               out: Optional[Path] = typer.Option(None, "--out", help="[default: <sweep out>/export-trial-<N>]"),
+               out: Optional[Path] = typer.Option(None, "--out", help="[default: <sweep out>/export-trial-<N> when "
+                                                  "that folder is on this machine, else ./export-trial-<N>]"),
+               checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="the trial's checkpoint file "
+                                                         "[default: the one its run records, if inside its sweep's folder]"),
                tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
     """Export a finished trial from its checkpoint; verify every file; write export.json."""
     from sweeper.export.trial_run import export_trial, parse_formats
@@ -235,7 +261,7 @@ def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a comple
     from sweeper.track.progress import print_export
 
     names = parse_formats(formats)
-    report = export_trial(run_id, resolve_uri(tracking_uri), names, out)
+    report = export_trial(run_id, resolve_uri(tracking_uri), names, out, checkpoint)
     print_export(Console(highlight=False), report)
     if any("error" in e for e in report["formats"]):
         raise typer.Exit(1)
@@ -282,35 +308,9 @@ def plugins(ctx: typer.Context, args: bool = ARGS) -> None:
 
 
 def _list_plugins(kind: Optional[str], with_args: bool) -> None:
-    from rich.table import Table
+    from sweeper.pluginhost import listing
 
-    from sweeper.pluginhost import binding, registry
-
-    shown = registry.list_plugins(kind)
-    table = Table()
-    for column in ("kind", "name", "distribution", "version"):
-        table.add_column(column, no_wrap=True)
-    for column in ("entry point", *(["arguments (defaults)"] if with_args else [])):
-        table.add_column(column, overflow="fold")
-    failures = []
-    for p in shown:
-        row = [p.kind, p.name, p.distribution, p.version, p.target]
-        if with_args and p.kind != "search_spaces":
-            try:
-                factory = registry.get(p.kind, p.qualified)
-                row.append(", ".join(f"{n}={d}" for n, d, _ in binding.describe_args(p.kind, factory)))
-            except UserError as exc:  # one broken plugin must not hide the others
-                failures.append(str(exc))
-                row.append("[red]failed to import (see below)[/]")
-        table.add_row(*row)
-    Console(highlight=False).print(table if shown else f"no {kind + ' ' if kind else ''}plugins installed")
-    for (k, name), claimants in registry.collisions(shown).items():
-        err.print(f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
-                  f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
-                  f"plugin: \"{claimants[0].qualified}\"", soft_wrap=True)
-    for message in failures:
-        err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
-    if failures:
+    if not listing.show(kind, with_args):  # a plugin failed to import: listed, then exit 1
         raise typer.Exit(1)
 
 

@@ -14,6 +14,11 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
 Arguments from the spec are bound to the factory's signature before any training, so a
 misspelt argument fails the sweep up front.
 
+Before the first trial sweeper calls every factory once in its own process (the data set is
+prepared there: downloaded or located) and takes one training step on a few samples on the CPU:
+the dry build. ``in_dry_build()`` is True meanwhile, for a plugin with side effects meant only
+for real trials (counting builds, logging to a service) to skip them.
+
 Versioning: the module an entry point names may declare ``SWEEPER_PLUGIN_API = 1`` (or a list
 of versions); ``registry.get`` refuses a plugin whose declaration excludes
 ``sweeper.PLUGIN_API_VERSION``. Undeclared means compatible. Full contract: docs/plugins.md.
@@ -21,6 +26,7 @@ of versions); ``registry.get`` refuses a plugin whose declaration excludes
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -67,3 +73,13 @@ class DataSplits:
 
         return replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
                        val_x=self.val_x.to(device), val_y=self.val_y.to(device))
+
+
+# True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).
+DRY_BUILD: ContextVar[bool] = ContextVar("sweeper_dry_build", default=False)
+
+
+def in_dry_build() -> bool:
+    """Whether the factories are being called for the dry build before the first trial (like
+    Lightning's sanity check), not for a trial."""
+    return DRY_BUILD.get()

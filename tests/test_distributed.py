@@ -254,7 +254,7 @@ def test_a_dead_pool_workers_trial_is_retried(workdir: Path, gate: Path):
     finish(main, workdir, "main")
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     (lost,) = [t for t in summary["trials"] if t["state"] == "failed"]  # the gate held trial 0 or 1
-    assert lost["number"] in (0, 1) and "its worker process died" in lost["reason"]
+    assert lost["number"] in (0, 1) and "its worker process was killed (SIGKILL)" in lost["reason"]
     (retry,) = [t for t in summary["trials"] if t["number"] == 4]
     assert (retry["params"], retry["seed"], retry["state"]) == (lost["params"], lost["seed"], "complete")
     assert summary["counts"] == {"complete": 4, "failed": 1}

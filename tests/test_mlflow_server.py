@@ -13,10 +13,8 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from conftest import children, sweeper, wait_for, write_spec
+from mlflow_server import free_port, healthy
 from pg import pg_database
 
 ADMIN, ADMIN_PASSWORD = "admin", "admin-" + secrets.token_hex(8)  # >= 12 characters: MLflow requires it
@@ -48,20 +47,6 @@ class Server:
                                     json=json or None, params=json if method == "GET" else None, timeout=30)
         assert response.ok, f"{method} {path}: {response.status_code} {response.text}\n{self.log.read_text()}"
         return response.json()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            return response.status == 200
-    except OSError:  # not listening yet, or not ready
-        return False
 
 
 @pytest.fixture(scope="module")

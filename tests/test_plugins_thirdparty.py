@@ -66,7 +66,7 @@ def test_a_plugin_that_raises_at_import_breaks_only_itself(site: Path, workdir: 
     assert "broken-plugin" in listing.stdout and "mlp" in listing.stdout
     with_args = sweeper("plugins", "models", "--args")  # imports each: reports the broken one, shows the rest
     assert with_args.returncode == 1
-    assert "hidden=256, depth=2" in with_args.stdout
+    assert "  hidden: int = 256\n  depth: int = 2\n" in with_args.stdout
     assert "broken-plugin 1.0" in with_args.stderr and "broken = broken_models:broken" in with_args.stderr
     sweeper("validate", str(quick(workdir / "ok.yaml", plugin="mlp")), check=True)
 

@@ -83,7 +83,9 @@ def test_a_dead_worker_interrupts_its_trial_and_is_replaced(tmp_path: Path):
         pool.submit(task(0, tmp_path))
         (dead,) = list(pool.results(timeout_s=300))
         # the coordinator retries an interrupted trial (tests/test_distributed.py)
-        assert dead.state == "interrupted" and dead.reason == f"its worker process died (exit code {-signal.SIGKILL})"
+        # SIGKILL is what the kernel's out-of-memory killer sends: the reason says so
+        assert dead.state == "interrupted" and dead.reason.startswith("its worker process was killed (SIGKILL)")
+        assert "out-of-memory killer" in dead.reason
         assert pool.slots == 1 and pool.procs[0].is_alive()  # a new worker, with a new pipe, took its place
         pool.submit(task(1, tmp_path))
         (alive,) = list(pool.results(timeout_s=300))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SPACES, sweeper
+from conftest import SPACES, sweeper, write_tiny_cifar
 from sweeper import spec as spec_mod
 from sweeper.cli import app
 from sweeper.errors import UserError
@@ -26,11 +26,12 @@ def validate(*args: str):
     return result.exit_code, result.output
 
 
-def test_shipped_specs_validate():
-    for name in ("smoke", "digits", "cifar"):
-        code, out = validate(str(SPACES / f"{name}.yaml"))
+def test_shipped_specs_validate(workdir: Path):
+    write_tiny_cifar(workdir / "tiny", per_batch=240)  # validate dry-builds on data: 1,080 training samples
+    for name, overrides in (("smoke", []), ("digits", []), ("cifar", ["dataset.args.root=tiny"])):
+        code, out = validate(str(SPACES / f"{name}.yaml"), *overrides)
         assert code == 0, out
-        assert "# budget:" in out and "# plugins:" in out
+        assert "# budget:" in out and "# plugins:" in out and "# dry build:" in out
 
 
 def test_overrides_set_nested_fields_and_space_keys():

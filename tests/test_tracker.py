@@ -77,3 +77,21 @@ def test_a_recorded_tracking_uri_holds_no_password():
     assert redact("https://ana:s3cret@mlflow.example:5000/x") == "https://ana:***@mlflow.example:5000/x"
     assert redact("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert redact("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db" and redact(None) is None
+
+
+def test_a_write_mlflow_rejects_is_left_out_with_a_warning(mlflow_uri: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture):
+    """A 4xx other than 401/403 is no hiccup: not retried, not journaled; the sweep goes on.
+    Without a journal folder (an interactive command) it raises."""
+    from mlflow.exceptions import MlflowException
+
+    tracker = Tracker(mlflow_uri, "tracker-unit", tmp_path / "journal")
+    run = tracker.start_run("changed-param", params={"lr": 0.1})
+    tracker.log_params(run, {"lr": 0.2})  # MLflow keeps a param's first value (HTTP 400)
+    tracker.log_metrics(run, 1, {"val_acc": 0.5})
+    assert f"rejected a write (log_batch of run {run})" in capsys.readouterr().err
+    assert not (tmp_path / "journal").exists() and not tracker.outbox.journal
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(run).data.params["lr"] == "0.1" and client.get_run(run).data.metrics == {"val_acc": 0.5}
+    with pytest.raises(MlflowException, match="Changing param values is not allowed"):
+        Tracker(mlflow_uri, "tracker-unit").log_params(run, {"lr": 0.3})

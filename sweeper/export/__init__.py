@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from sweeper import files
 from sweeper.export import formats, verify
 from sweeper.export.verify import ExportError
 from sweeper.plugin import DataSplits
@@ -50,7 +51,7 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
             if "error" not in entry:
                 entry["val_acc_change"] = entry["val_acc"] - ref.val_acc
                 side = Path(entry["path"] + ".json")  # the accuracy change, next to the file
-                side.write_text(json.dumps({k: entry[k] for k in ("val_acc", "eager_val_acc", "val_acc_change",
+                files.write_atomic(side, json.dumps({k: entry[k] for k in ("val_acc", "eager_val_acc", "val_acc_change",
                                                                   "max_abs_diff")}, indent=2))
                 entry["files"].append(str(side))
             entries.append(entry)
@@ -64,7 +65,7 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
         "formats": entries,
     }
     path = out_dir / "export.json"
-    path.write_text(json.dumps(report, indent=2))
+    files.write_atomic(path, json.dumps(report, indent=2))
     report["json"] = str(path)
     return report
 

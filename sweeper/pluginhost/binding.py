@@ -4,6 +4,7 @@ and the provenance (distribution, version) of the plugins a spec uses."""
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any, Callable
 
 from sweeper.errors import UserError
@@ -25,19 +26,52 @@ def plugin_choices(spec: SweepSpec, section: str) -> list[str]:
     return [getattr(spec, section).plugin]
 
 
+def searched_args(spec: SweepSpec, section: str, name: str) -> list[tuple[str, sp.Param]]:
+    """(argument, parameter) of each searched ``{section}.args.*`` that plugin ``name`` can get:
+    those without a ``when`` on ``{section}.plugin``, and those whose ``when`` names ``name``."""
+    prefix = f"{section}.args."
+    return [(path.removeprefix(prefix), param) for path, param in spec.search.space.items()
+            if path.startswith(prefix) and (param.when or {}).get(f"{section}.plugin", name) == name]
+
+
 def check_plugins(spec: SweepSpec) -> None:
-    """Import each plugin the spec can use and bind its fixed and searched arguments to the
-    factory's signature; raises UserError naming the dotted path of a bad argument."""
+    """Import each plugin the spec can use, bind its fixed and searched arguments to the
+    factory's signature, and check every value they can take against the factory's annotations;
+    raises UserError naming the dotted path of a bad argument."""
     for section, kind in SECTIONS.items():
-        ref = getattr(spec, section)
-        prefix = f"{section}.args."
         for name in plugin_choices(spec, section):
-            args: dict[str, Any] = dict(ref.args)
-            for path, param in spec.search.space.items():
-                condition = (param.when or {}).get(f"{section}.plugin", name)
-                if path.startswith(prefix) and condition == name:
-                    args[path.removeprefix(prefix)] = sp.representatives(param)[0]
-            bind_args(kind, name, args, f"{section}.args")
+            # argument -> the values it can take, each with where it comes from (None: fixed in the spec)
+            values: dict[str, list[tuple[Any, str | None]]] = {
+                a: [(v, None)] for a, v in getattr(spec, section).args.items()}
+            for arg, param in searched_args(spec, section, name):
+                values.setdefault(arg, []).extend((v, f"search.space.{section}.args.{arg}")
+                                                  for v in sp.representatives(param))
+            bind_args(kind, name, {a: vs[0][0] for a, vs in values.items()}, f"{section}.args")
+            check_types(kind, name, values, f"{section}.args")
+
+
+def plugin_points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """Points of the search space that together use every plugin choice, for a dry build: the
+    first (each active parameter at its first representative value), then one per other choice
+    of a searched ``*.plugin``, with the parameters its ``when`` conditions enable. One point per
+    choice, not their product."""
+    space = spec.search.space
+
+    def point(forced: dict[str, Any]) -> dict[str, Any]:
+        chosen: dict[str, Any] = {}
+        for path, param in sp.ordered(space):
+            if sp.active(param, chosen):
+                chosen[path] = forced[path] if path in forced else sp.representatives(param)[0]
+        return chosen
+
+    points = [point({})]
+    for section in SECTIONS:
+        param = space.get(f"{section}.plugin")
+        for choice in param.choices if isinstance(param, sp.CategoricalParam) else []:
+            candidate = point({f"{section}.plugin": choice})
+            if candidate not in points:
+                points.append(candidate)
+    return points
 
 
 def provenance(spec: SweepSpec) -> dict[str, str]:
@@ -88,6 +122,86 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
                             f"it accepts: {', '.join(allowed)}. The plugin comes from {source}.") from None
         raise UserError(f"{where}: cannot call {who} ({source}) with {sorted(args)}: {exc}; "
                         f"it accepts: {', '.join(allowed)}.") from None
+
+
+def annotations(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The factory's parameter annotations, resolved (``Annotated`` extras kept); a parameter whose
+    annotation does not resolve (a name imported only for type checkers) is left out."""
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except Exception:
+        hints = {}
+        namespace = getattr(inspect.unwrap(target), "__globals__", {})
+        for p in inspect.signature(factory).parameters.values():
+            try:  # the plugin's own annotation text, evaluated in its own module
+                ann = p.annotation
+                hints[p.name] = eval(ann, namespace) if isinstance(ann, str) else ann  # noqa: S307
+            except Exception:
+                continue
+        return {k: v for k, v in hints.items() if v is not inspect.Parameter.empty}
+
+
+def type_text(annotation: Any) -> str:
+    """An annotation as a user reads it: ``int``, ``float | None``, ``tuple[int, ...]``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _adapter(annotation: Any) -> Any:
+    """A pydantic validator for ``annotation``, or None when pydantic cannot build one (then
+    the argument's type is not checked; binding and the dry build still are)."""
+    from pydantic import ConfigDict, TypeAdapter
+
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(arbitrary_types_allowed=True))
+    except Exception:
+        return None
+
+
+def _reinterpreted(given: Any, validated: Any) -> bool:
+    """Whether lax validation turned a value into another kind: a string or bool into a number,
+    a number into a bool, a float into an int. pydantic accepts those; in a spec they are slips
+    ("wide" for an int, true for a width), and the factory would receive the value as written.
+    An int where a float is expected is fine."""
+    if isinstance(given, (list, tuple)) and isinstance(validated, (list, tuple)) and len(given) == len(validated):
+        return any(map(_reinterpreted, given, validated))
+    if isinstance(given, dict) and isinstance(validated, dict):
+        return any(_reinterpreted(v, validated.get(k, v)) for k, v in given.items())
+    kinds = (bool, int, float, str)  # bool first: a bool is also an int
+    was = next((k for k in kinds if isinstance(given, k)), None)
+    now = next((k for k in kinds if isinstance(validated, k)), None)
+    return was is not None and now is not None and was is not now and (was, now) != (int, float)
+
+
+def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | None]]], where: str) -> None:
+    """Check each value an argument can take against the factory's annotation of it (its type,
+    and constraints such as ``Annotated[int, Field(ge=1)]``). ``values`` maps an argument to
+    (value, origin) pairs, origin being the search-space path a value comes from or None."""
+    from pydantic import ValidationError
+
+    factory = registry.get(kind, name)
+    hints = annotations(factory)
+    for arg, candidates in values.items():
+        if arg not in hints:
+            continue
+        adapter = _adapter(hints[arg])
+        if adapter is None:
+            continue
+        for value, origin in candidates:
+            reason = ""
+            try:
+                ok = not _reinterpreted(value, adapter.validate_python(value))
+            except ValidationError as exc:
+                ok, reason = False, f": {exc.errors()[0]['msg']}"
+            if not ok:
+                source = f" (from {origin})" if origin else ""
+                raise UserError(f"{where}.{arg}: {singular(kind)} plugin '{name}' expects {type_text(hints[arg])}, "
+                                f"got {value!r}{source}{reason}. The plugin comes from "
+                                f"{registry.info(kind, name).where}.")
 
 
 def describe_args(kind: str, factory: Callable[..., Any]) -> list[tuple[str, str, str]]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import time
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 from sweeper.trial.build import TrialConfig
@@ -83,6 +85,7 @@ class ProcessPool:
         for index in range(n):
             self._start_worker(index)
         self.running: dict[int, TrialConfig] = {}  # worker index -> its task
+        self.oom_kills = oom_kill_count()
 
     @property
     def slots(self) -> int:
@@ -134,7 +137,8 @@ class ProcessPool:
             proc.join(wait_s)
             if not proc.is_alive():
                 task = self.running.pop(index)  # its trial is retried; the worker starts afresh, new pipe
-                yield Outcome(task.number, "interrupted", reason=f"its worker process died (exit code {proc.exitcode})")
+                yield Outcome(task.number, "interrupted", reason=death(proc.exitcode, self.oom_kills))
+                self.oom_kills = oom_kill_count()
                 self.conns[index].close()
                 self._start_worker(index)
 
@@ -147,6 +151,42 @@ class ProcessPool:
                 p.terminate()
         for conn in self.conns:
             conn.close()
+
+
+def oom_kill_count() -> int | None:
+    """Processes the kernel's out-of-memory killer has killed in this process's memory cgroup, or
+    None where that is not readable (cgroup v2: memory.events; v1: memory.oom_control)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers in ("", "memory"):
+            folder = Path("/sys/fs/cgroup", *(["memory"] if controllers else []), path.lstrip("/"))
+            for name in ("memory.events", "memory.oom_control"):
+                try:
+                    found = re.search(r"^oom_kill (\d+)$", (folder / name).read_text(), re.MULTILINE)
+                except OSError:
+                    continue
+                if found:
+                    return int(found.group(1))
+    return None
+
+
+def death(exitcode: int | None, oom_kills_before: int | None) -> str:
+    """Why a worker process ended, as the trial's reason: the system's out-of-memory killer
+    (when the cgroup counted a kill meanwhile, or it was SIGKILLed), a signal, or an exit code."""
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        if -exitcode == signal.SIGKILL:
+            now = oom_kill_count()
+            if now is not None and oom_kills_before is not None and now > oom_kills_before:
+                return "its worker process was killed by the system's out-of-memory killer (SIGKILL)"
+            return ("its worker process was killed (SIGKILL), most likely by the system for lack of memory "
+                    "(the kernel's out-of-memory killer; `dmesg` says) or by a user")
+        return f"its worker process was killed by {name}"
+    return f"its worker process died (exit code {exitcode})"
 
 
 def _send(conn: Connection, message: Any) -> None:

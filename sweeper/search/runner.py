@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -12,15 +13,19 @@ from typing import Any, Iterator
 import yaml
 
 from sweeper.errors import UserError
+from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.search import backend, checkpoints
 from sweeper.search.backend import Observer, SearchContext, SearchResult
 from sweeper.search.state import Prepared, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
 from sweeper.spec import SweepSpec
+from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
+from sweeper.track.sync import sync_tracker
 from sweeper.track.records import TrialRecord
 from sweeper.trial.checkpoint import trial_path
+from sweeper.trial.preflight import dry_build
 
 TRACKER_ATTEMPTS = 5
 LOCK_FILE = "run.lock"  # in --out: held by the `sweeper run` using the folder
@@ -30,13 +35,15 @@ def default_out_dir(spec: SweepSpec) -> Path:
     return Path("runs") / spec.name
 
 
-def tracker_for(spec: SweepSpec) -> Tracker:
+def tracker_for(spec: SweepSpec, out_dir: Path | None = None) -> Tracker:
+    """The sweep's tracker; with ``out_dir``, its writes wait in out_dir/mlflow-journal while
+    the server is away."""
     if not spec.tracking.enabled:
         return Tracker(None)
     uri = resolve_uri(spec.tracking.mlflow_uri)
     for attempt in range(TRACKER_ATTEMPTS):
         try:
-            return Tracker(uri, spec.tracking.experiment or spec.name)
+            return Tracker(uri, spec.tracking.experiment or spec.name, out_dir / JOURNAL if out_dir else None)
         except UserError:
             raise
         except Exception:  # processes starting together race to create (migrate) a new MLflow database
@@ -67,6 +74,7 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
         handle.truncate(0)
         handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
         handle.flush()
+        remove_stale_temps(out_dir)  # what a killed earlier run was writing (live workers' stay)
         yield
 
 
@@ -82,6 +90,7 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
                         "use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
+    dry_build(spec)  # data prepared once, each plugin choice built on the CPU: before any file, run or trial
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
         store = searcher.store(spec, out_dir)
@@ -109,8 +118,9 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
 def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, searcher: backend.Backend,
            store: SweepStore) -> dict[str, Any]:
     if role == "run":
-        (out_dir / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    tracker = tracker_for(spec)
+        write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    tracker = tracker_for(spec, out_dir)
+    _send_journals(tracker, out_dir, "start")
     observer.started(spec, out_dir)
     prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer))
     parent = prepared.parent_run_id
@@ -128,8 +138,11 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
                 tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     if role == "worker":
+        _send_journals(tracker, out_dir, "end")
         return {"name": spec.name, "role": "worker", "storage": result.storage,
                 "counts": _counts(result.records), "best": None, "trials": []}
+    _send_journals(tracker, out_dir, "search")  # runs created offline get their MLflow ids for the summary
+    parent = tracker.real_id(parent)
     checkpoints.prune(spec, result.records, out_dir)
     summary = summarize(spec, result, out_dir, tracker, parent)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
@@ -141,9 +154,23 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
         summary.update(handed)
         files += exported
     summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
     end_sweep_run(tracker, parent, summary, [summary_path, *files])
+    _send_journals(tracker, out_dir, "end")
     return summary
+
+
+def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:
+    """Send the MLflow writes that wait in the folder's journals (the server was away), and
+    say on stderr what an earlier run had left, or what still waits at the end."""
+    report = sync_tracker(tracker)
+    if when == "start" and report.sent:
+        print(f"note: sent the {report.sent} MLflow writes that an earlier process left in {out_dir / JOURNAL}",
+              file=sys.stderr)
+    if when == "end" and report.waiting:
+        print(f"warning: {report.waiting} MLflow writes wait in {out_dir / JOURNAL} (MLflow at "
+              f"{', '.join(sorted(set(report.unreachable))) or redact(tracker.uri)}): "
+              f"`sweeper sync {out_dir}` sends them", file=sys.stderr)
 
 
 def _counts(records: list[TrialRecord]) -> dict[str, int]:
@@ -156,7 +183,8 @@ def _counts(records: list[TrialRecord]) -> dict[str, int]:
 def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker,
               parent: str | None) -> dict[str, Any]:
     """summary.json: the resolved spec, the best trial and every trial, whichever backend ran them."""
-    records: list[TrialRecord] = result.records
+    # runs created while MLflow was away: their MLflow ids, once sent
+    records = [r.model_copy(update={"mlflow_run_id": tracker.real_id(r.mlflow_run_id)}) for r in result.records]
     counts = _counts(records)
     best = None
     top = checkpoints.best(spec, records)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from sweeper import files
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 
@@ -67,7 +68,7 @@ class FileStore:
         if not self.path.exists():
             return None
         try:
-            return Prepared.model_validate_json(self.path.read_text())
+            return Prepared.model_validate_json(self.path.read_bytes())  # bytes: not UTF-8 is a ValidationError
         except ValidationError:
             raise UserError(f"{self.path}: not the sweep state sweeper writes; remove it to start the "
                             f"sweep's MLflow record afresh") from None
@@ -77,7 +78,7 @@ class FileStore:
         if previous is not None and previous.tracking_uri == tracking_uri:
             return previous
         prepared = make()
-        self.path.write_text(prepared.stored())
+        files.write_atomic(self.path, prepared.stored())
         return prepared
 
     def close(self) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweeper import files
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.mlflow import Tracker
@@ -54,8 +57,9 @@ def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
     """Each combination of the unconditional categorical choices of plugin and batch size."""
     dims = {path: p.choices for path, p in spec.search.space.items()
             if isinstance(p, sp.CategoricalParam) and not p.when and path in CONFIG_PATHS}
-    combos = [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
-    return combos if len(combos) <= MAX_CONFIGS else [{}]
+    if math.prod(len(choices) for choices in dims.values()) > MAX_CONFIGS:  # counted, never listed
+        return [{}]
+    return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
 
 
 def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
@@ -97,17 +101,40 @@ def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
     key = json.dumps({"settings": spec.search.lr_finder.model_dump(), "seed": spec.seed,
                       "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
                       "lr": spec.search.space[LR].model_dump()}, sort_keys=True, default=str)
-    cached = json.loads(cache_path.read_text()).get(key, {}) if cache_path.exists() else {}
+    cached = _read_cache(cache_path, key)
     findings = []
     for i, config in enumerate(configurations(spec)):
         entry = cached.get(json.dumps(config, sort_keys=True))
-        result = RangeTest(**entry) if entry else find(spec, config, device)
+        result = _cached(entry) or find(spec, config, device)
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
         findings.append(Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}")))
     fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
     if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
-        cache_path.write_text(json.dumps({key: fresh}, indent=1))
+        files.write_atomic(cache_path, json.dumps({key: fresh}, indent=1))
     return apply_policy(spec, findings)
+
+
+def _read_cache(path: Path, key: str) -> dict[str, Any]:
+    """The cached findings for ``key``; an unreadable cache (truncated, garbled) is rebuilt with
+    a warning: it only saves the range tests' time."""
+    if not path.exists():
+        return {}
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")).get(key, {})
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+            raise ValueError("not the findings sweeper writes")
+        return entries
+    except (OSError, ValueError, AttributeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        print(f"warning: {path}: unreadable LR finder cache ({type(exc).__name__}: {str(exc)[:120]}); running the "
+              f"range tests again and rewriting it", file=sys.stderr)
+        return {}
+
+
+def _cached(entry: dict[str, Any] | None) -> RangeTest | None:
+    try:
+        return RangeTest(**entry) if entry else None
+    except TypeError:  # fields of another version: run the test again
+        return None
 
 
 def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:

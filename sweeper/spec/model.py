@@ -19,7 +19,7 @@ SEARCHABLE_ROOTS = ("dataset", "model", "optimizer", "schedule", "train")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # NaN or inf is never meant
 
 
 class PluginRef(_Strict):
@@ -143,7 +143,8 @@ OPTUNA_ONLY = {"parallel": "search.ray.max_concurrent_trials and search.resource
                "reproducible": "nothing: Ray Tune schedules by completion order",
                "batch_size": "nothing: Ray Tune asks one trial at a time",
                "storage": "search.ray.storage_path",
-               "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr"}
+               "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
+               "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)"}
 
 
 class SearchSpec(_Strict):
@@ -164,6 +165,14 @@ class SearchSpec(_Strict):
     # lease is older than lease_s (its process or machine stopped) is retried elsewhere.
     heartbeat_s: int = Field(default=10, ge=1, description="seconds between lease renewals")
     lease_s: int = Field(default=60, ge=2, description="seconds without renewal after which a trial is retried")
+    # Circuit breaker: when the first N trials all fail with the same error (none completed), the
+    # sweep stops with it instead of spending the budget on it. 3: one bad draw is no pattern.
+    max_failures_in_a_row: int = Field(default=3, ge=0, description="first trials failing alike that stop the "
+                                       "sweep (0: never stop)")
+    # A trial out of memory, or whose worker process or machine was lost, is run again (out of
+    # memory: with train.accumulate doubled) at most this many times; then it stays failed.
+    max_retries: int = Field(default=3, ge=0, description="retries of a trial lost to out-of-memory or a "
+                             "dead worker or machine")
     artifact_root: str | None = Field(default=None, description="a folder every machine reaches (a shared "
                                       "mount) for trial checkpoints; default: the trials' MLflow runs when "
                                       "search.storage is set")

@@ -12,10 +12,14 @@ from typing import Annotated, Any, Literal, Protocol, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Scalar = Union[bool, int, float, str, None]
+# The most points the grid sampler may visit: Optuna's GridSampler (and Ray's grid_search) hold
+# every point in memory; 100,000 points is ~10 MB there and far more trials than a sweep runs.
+MAX_GRID_POINTS = 100_000
 
 
 class _Param(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a range bound of .nan or .inf (or "nan") is an error, not a range
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     # Sample this parameter only when each named parameter has the given value.
     when: dict[str, Scalar] | None = None
 
@@ -109,22 +113,43 @@ def suggest(space: dict[str, Param], trial: Suggester) -> dict[str, Any]:
 
 def grid_values(path: str, p: Param) -> list[Any]:
     """The discrete values of one parameter, for the grid sampler."""
+    count = grid_count(path, p)
     if isinstance(p, CategoricalParam):
         return list(p.choices)
-    if isinstance(p, IntParam) and not p.log:
+    if isinstance(p, IntParam):
         return list(range(p.low, p.high + 1, p.step))
-    if isinstance(p, FloatParam) and p.step is not None:
-        count = int(round((p.high - p.low) / p.step)) + 1
-        return [round(p.low + i * p.step, 12) for i in range(count)]
-    raise ValueError(f"search.space.{path}: the grid sampler needs discrete values "
-                     f"(categorical, int without log, or float with step)")
+    return [round(p.low + i * p.step, 12) for i in range(count)]
+
+
+def grid_count(path: str, p: Param) -> int:
+    """How many values the grid sampler visits for one parameter, counted without listing them;
+    more than MAX_GRID_POINTS is an error (a tiny step, a huge range)."""
+    if isinstance(p, CategoricalParam):
+        count = len(p.choices)
+    elif isinstance(p, IntParam) and not p.log:
+        count = (p.high - p.low) // p.step + 1
+    elif isinstance(p, FloatParam) and p.step is not None:
+        steps = (p.high - p.low) / p.step  # inf when the span overflows a float
+        count = int(round(steps)) + 1 if steps < MAX_GRID_POINTS else MAX_GRID_POINTS + 1
+    else:
+        raise ValueError(f"search.space.{path}: the grid sampler needs discrete values "
+                         f"(categorical, int without log, or float with step)")
+    if count > MAX_GRID_POINTS:
+        raise ValueError(f"search.space.{path}: the grid sampler would visit more than {MAX_GRID_POINTS:,} "
+                         f"values of it (the most a grid may hold); use a larger step or a smaller range, "
+                         f"or a sampler that does not enumerate (tpe, random)")
+    return count
 
 
 def grid_size(space: dict[str, Param]) -> int:
-    """How many points the grid sampler visits."""
+    """How many points the grid sampler visits; more than MAX_GRID_POINTS is an error."""
     size = 1
     for path, p in space.items():
-        size *= len(grid_values(path, p))
+        size *= grid_count(path, p)
+        if size > MAX_GRID_POINTS:
+            raise ValueError(f"search.space: the grid of {', '.join(space)} has more than {MAX_GRID_POINTS:,} "
+                             f"points (the most a grid may hold); use fewer values, or a sampler that does not "
+                             f"enumerate (tpe, random)")
     return size
 
 

@@ -4,9 +4,11 @@ and file artifacts, and reading them back. Callers decide what a run means (a sw
 
 Uses ``MlflowClient`` with explicit run ids (no global active run), so worker processes and Ray
 actors can log their own runs under the same parent. A disabled tracker (no URI) does nothing.
-A tracking server that refuses the credentials (HTTP 401) or their rights (403) is the user's
-to fix: any call raises TrackingRefused, a UserError (sweeper.errors, the one sweeper module this
-adapter imports: the CLI shows it as one paragraph, exit 2).
+Writes go through an outbox (outbox.py): tried again while the server does not answer, then
+kept in a journal in ``journal_dir`` (journal.py) until it is back; tracking never stops a
+sweep. A tracking server that refuses the credentials (HTTP 401) or their rights (403) is the
+user's to fix: any call raises TrackingRefused, a UserError (sweeper.errors: the CLI shows it as
+one paragraph, exit 2). Of sweeper, this adapter imports only errors, the outbox and the journal.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,12 +25,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweeper.errors import UserError
+from sweeper.track.journal import Journal
+from sweeper.track.outbox import Away, Outbox, Rejected, brief, first_line, http_status
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
 TAG = "sweeper."  # sweeper's tag namespace
 MAX_PARAM = 6000  # characters MLflow keeps of a param value
 MAX_TAG = 5000  # characters of a tag value sweeper writes (MLflow allows 8,000)
 METRICS_PER_CALL = 1000  # MLflow's cap on metrics in one log_batch
+# Set for the process unless the user set them: MLflow's own HTTP retries (default 7, backoff
+# factor 2: minutes per call on a dead server) off and a 10 s socket timeout (default 120 s),
+# so the outbox's retries are the only ones; no download progress bars (small files).
+MLFLOW_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+              "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
 def resolve_uri(explicit: str | None = None) -> str:
@@ -60,18 +70,25 @@ def redact(uri: str | None) -> str | None:
 
 
 class Tracker:
-    """One MLflow tracking server (or store) and experiment; ``uri=None``: disabled."""
+    """One MLflow tracking server (or store) and experiment; ``uri=None``: disabled.
+    ``journal_dir``: where writes wait while the server is away (None: a failed write raises);
+    ``journal``: one to send (sync.py)."""
 
-    def __init__(self, uri: str | None, experiment: str | None = None) -> None:
-        self.uri, self.experiment = uri, experiment
-        self._client = None
+    def __init__(self, uri: str | None, experiment: str | None = None, journal_dir: Path | None = None,
+                 *, journal: Journal | None = None) -> None:
+        self.uri, self.experiment, self.journal_dir = uri, experiment, journal_dir
+        self._client = self.outbox = None
         if uri is not None:
             from mlflow.tracking import MlflowClient
 
             # MLflow logs its database set-up at INFO; the sweep's own display says what matters.
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
+            for key, value in MLFLOW_ENV.items():
+                os.environ.setdefault(key, value)
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
+            self.outbox = Outbox(self._client, lambda: self._experiment_id, redact(uri), journal_dir,
+                                 {"uri": redact(uri), "experiment": experiment}, journal)
 
     @property
     def enabled(self) -> bool:
@@ -82,15 +99,22 @@ class Tracker:
         found = self._client.get_experiment_by_name(self.experiment)
         return found.experiment_id if found else self._client.create_experiment(self.experiment)
 
-    # --- writing ---------------------------------------------------------------------------
+    def real_id(self, run_id: str | None) -> str | None:
+        """The MLflow id of a run: a placeholder's once its journal is sent, else the id given."""
+        try:
+            return self.outbox.real(run_id, ask_mlflow=self.outbox.journal is None) if self.enabled else run_id
+        except Exception:  # not sent yet, or MLflow cannot say now: the placeholder stays
+            return run_id
+
+    # --- writing (see outbox.py for the entries) ----------------------------------------------
 
     def start_run(self, name: str, *, parent: str | None = None, tags: dict[str, str] | None = None,
                   params: dict[str, Any] | None = None) -> str | None:
-        """A new run in the experiment (nested under ``parent`` if given); returns its id."""
+        """A new run in the experiment (nested under ``parent`` if given); returns its id (a
+        placeholder while the server is away, None if MLflow rejected it)."""
         if not self.enabled:
             return None
-        system = {"mlflow.parentRunId": parent} if parent else {}
-        run_id = self._client.create_run(self._experiment_id, run_name=name, tags=system).info.run_id
+        run_id = self.outbox.write({"op": "create_run", "name": name, "parent": parent, "time": _now_ms()})
         self._batch(run_id, params=params, tags=tags)
         return run_id
 
@@ -98,7 +122,7 @@ class Tracker:
         """A finished or interrupted run goes on: RUNNING again (with these tags)."""
         if run_id is None:
             return
-        self._client.update_run(run_id, status="RUNNING")
+        self.outbox.write({"op": "update_run", "run": run_id, "status": "RUNNING"})
         self._batch(run_id, tags=tags)
 
     def log_params(self, run_id: str | None, params: dict[str, Any]) -> None:
@@ -113,52 +137,63 @@ class Tracker:
             self.log_history(run_id, [metrics], first_step=step)
 
     def log_history(self, run_id: str | None, history: list[dict[str, float]], first_step: int = 1) -> None:
-        """Steps first_step, first_step+1, ... at once, within MLflow's batch cap."""
+        """Steps first_step, first_step+1, ... at once, within MLflow's batch cap; each metric
+        keeps the time it was logged at, also when it is sent later from a journal."""
         if run_id is None:
             return
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for step, h in enumerate(history, first_step) for k, v in h.items()]
+        now = _now_ms()
+        metrics = [[k, float(v), now, step] for step, h in enumerate(history, first_step) for k, v in h.items()]
         for i in range(0, len(metrics), METRICS_PER_CALL):
-            self._client.log_batch(run_id, metrics=metrics[i:i + METRICS_PER_CALL])
+            self.outbox.write({"op": "log_batch", "run": run_id, "metrics": metrics[i:i + METRICS_PER_CALL]})
 
     def log_dict(self, run_id: str | None, data: dict[str, Any], path: str) -> None:
-        if run_id is not None:
-            self._client.log_dict(run_id, data, path)
+        """``data`` as the JSON artifact ``path`` (e.g. "trial.json", "reports/a.json")."""
+        self.log_text(run_id, json.dumps(data, indent=2), path)
 
     def log_text(self, run_id: str | None, text: str, path: str) -> None:
-        if run_id is not None:
-            self._client.log_text(run_id, text, path)
+        if run_id is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="sweeper-artifact-") as tmp:
+            file = Path(tmp) / Path(path).name
+            file.write_text(text)
+            self.log_files(run_id, [file], str(Path(path).parent) if "/" in path else None)
 
     def log_files(self, run_id: str | None, paths: list[Path], folder: str | None = None) -> None:
         for path in paths if run_id is not None else []:
-            self._client.log_artifact(run_id, str(path), folder)
+            self.outbox.write({"op": "log_artifact", "run": run_id, "folder": folder}, file=Path(path))
 
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         """status: FINISHED, FAILED or KILLED."""
         if run_id is not None:
-            self._client.set_terminated(run_id, status=status)
+            self.outbox.write({"op": "set_terminated", "run": run_id, "status": status, "time": _now_ms()})
 
     def _batch(self, run_id: str | None, params: dict[str, Any] | None = None,
                tags: dict[str, Any] | None = None) -> None:
         if run_id is None or not (params or tags):
             return
-        from mlflow.entities import Param, RunTag
-
-        self._client.log_batch(run_id, params=[Param(k, str(v)[:MAX_PARAM]) for k, v in (params or {}).items()],
-                               tags=[RunTag(f"{TAG}{k}", str(v)[:MAX_TAG]) for k, v in (tags or {}).items()])
+        self.outbox.write({"op": "log_batch", "run": run_id,
+                           "params": {k: str(v)[:MAX_PARAM] for k, v in (params or {}).items()},
+                           "tags": {f"{TAG}{k}": str(v)[:MAX_TAG] for k, v in (tags or {}).items()}})
 
     # --- reading ---------------------------------------------------------------------------
 
     def open_children(self, parent: str | None, tags: dict[str, str] | None = None) -> list[str]:
-        """Ids of ``parent``'s nested runs still RUNNING (with these sweeper tags, if given)."""
+        """Ids of ``parent``'s nested runs still RUNNING (with these sweeper tags, if given);
+        [] with a warning when MLflow does not answer (runs created offline are not listed)."""
         if parent is None or not self.enabled:
             return []
-        exp = self._client.get_run(parent).info.experiment_id
         having = "".join(f" and tags.`{TAG}{k}` = '{v}'" for k, v in (tags or {}).items())
-        runs = self._client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}' "
-                                                             f"and attributes.status = 'RUNNING'{having}")
+        try:
+            run_id = self.outbox.real(parent)
+            exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
+            runs = self.outbox.retrying(lambda: self._client.search_runs(
+                [exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'{having}"))
+        except (Away, Rejected) as exc:
+            if self.journal_dir is None:
+                raise exc.__cause__ or exc from None
+            print(f"warning: MLflow at {redact(self.uri)} could not list the open runs under {parent} ({brief(exc)}): "
+                  "they stay as they are", file=sys.stderr)
+            return []
         return [r.info.run_id for r in runs]
 
     def get_run(self, run_id: str) -> Any:
@@ -166,35 +201,36 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            return self._client.get_run(run_id)
-        except MlflowException as exc:
-            raise LookupError(f"run {run_id} at {self.uri}: {_first_line(exc)}") from None
+            return self._client.get_run(self.outbox.real(run_id))
+        except (MlflowException, Away, Rejected) as exc:
+            raise LookupError(f"run {run_id} at {self.uri}: {first_line(exc)}") from None
 
     def read_json(self, run_id: str, path: str) -> Any:
         """A JSON artifact of the run, parsed; LookupError when it is not there or not JSON."""
         from mlflow.exceptions import MlflowException
 
-        # one small file: MLflow's download progress bar would only clutter the output
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                return json.loads(Path(self._client.download_artifacts(run_id, path, tmp)).read_text())
+                return json.loads(Path(self._client.download_artifacts(self.real_id(run_id), path, tmp)).read_text())
         except (MlflowException, OSError, ValueError) as exc:
-            raise LookupError(f"run {run_id} at {self.uri}: no readable {path} ({_first_line(exc)})") from None
+            raise LookupError(f"run {run_id} at {self.uri}: no readable {path} ({first_line(exc)})") from None
 
     def download(self, run_id: str, path: str, dst: Path) -> Path:
         """Artifact ``path`` of the run into folder ``dst``; LookupError when it is not there."""
         from mlflow.exceptions import MlflowException
 
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         dst.mkdir(parents=True, exist_ok=True)
         try:
-            return Path(self._client.download_artifacts(run_id, path, str(dst)))
+            return Path(self._client.download_artifacts(self.real_id(run_id), path, str(dst)))
         except (MlflowException, OSError) as exc:
-            raise LookupError(f"run {run_id} at {self.uri}: no artifact {path} ({_first_line(exc)})") from None
+            raise LookupError(f"run {run_id} at {self.uri}: no artifact {path} ({first_line(exc)})") from None
 
     def metric_history(self, run_id: str, key: str) -> list[Any]:
-        return self._client.get_metric_history(run_id, key)
+        return self._client.get_metric_history(self.real_id(run_id), key)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class _Guarded:
@@ -214,21 +250,11 @@ class _Guarded:
             try:
                 return method(*args, **kwargs)
             except Exception as exc:
-                status = _http_status(exc)
+                status = http_status(exc)
                 if status in (401, 403):
                     raise TrackingRefused(_refusal(self._tracker, status)) from None
                 raise
         return call
-
-
-def _http_status(exc: BaseException) -> int | None:
-    """The HTTP status of a failed MLflow call: REST calls raise MlflowException (its error code
-    maps to one), artifact uploads to the server a requests HTTPError."""
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(exc, MlflowException):
-        return exc.get_http_status_code()
-    return getattr(getattr(exc, "response", None), "status_code", None)
 
 
 def _refusal(tracker: Tracker, status: int) -> str:
@@ -244,8 +270,3 @@ def _refusal(tracker: Tracker, status: int) -> str:
     return (f"the MLflow tracking server at {where} refused {who} access to experiment {tracker.experiment!r} "
             f"(HTTP 403, permission denied): ask the server's admin for EDIT permission on it, log to another "
             f"experiment, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to another account")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

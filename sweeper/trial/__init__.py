@@ -11,4 +11,5 @@ same trial run under both backends, in a replay and in tests.
 - batching.py    index batches over whole-tensor splits
 - seeding.py     named seed streams; seeding every RNG; torch thread and kernel settings
 - lr_finder.py   the learning-rate range test
+- preflight.py   before the first trial: prepare the data once, dry-build every plugin choice on the CPU
 """

@@ -89,14 +89,31 @@ def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
     key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
     if key not in _data_cache:
         _data_cache.clear()
-        data = factory(**args)
+        data = make_data(spec)
         _data_cache[key] = (data.to(device), fingerprint(data))
     return _data_cache[key]
+
+
+def make_data(spec: SweepSpec) -> DataSplits:
+    """The dataset plugin's splits as it returns them (uncached: for one look before the sweep)."""
+    factory = registry.get("datasets", spec.dataset.plugin)
+    return factory(**dataset_args(factory, spec.dataset.args, derive(spec.seed, "data")))
 
 
 def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
     factory = registry.get("models", spec.model.plugin)
     return factory(input_shape=data.input_shape, num_classes=data.num_classes, **spec.model.args)
+
+
+def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
+    return registry.get("optimizers", spec.optimizer.plugin)(model.parameters(), **spec.optimizer.args)
+
+
+def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: DataSplits) -> Any:
+    """The schedule plugin's scheduler (or None), stepped once per optimizer step of the run."""
+    return registry.get("schedules", spec.schedule.plugin)(
+        optimizer, epochs=spec.train.epochs, steps_per_epoch=steps_per_epoch(data, spec.train.batch_size),
+        **spec.schedule.args)
 
 
 def build(config: TrialConfig, device: torch.device) -> TrialParts:
@@ -105,10 +122,8 @@ def build(config: TrialConfig, device: torch.device) -> TrialParts:
     seed_everything(config.seed)
     data, data_fingerprint = load_data(spec, device)
     model = build_model(spec, data).to(device)
-    optimizer = registry.get("optimizers", spec.optimizer.plugin)(model.parameters(), **spec.optimizer.args)
-    scheduler = registry.get("schedules", spec.schedule.plugin)(
-        optimizer, epochs=spec.train.epochs, steps_per_epoch=steps_per_epoch(data, spec.train.batch_size),
-        **spec.schedule.args)
+    optimizer = build_optimizer(spec, model)
+    scheduler = build_schedule(spec, optimizer, data)
     return TrialParts(data, data_fingerprint, model, optimizer, scheduler)
 
 

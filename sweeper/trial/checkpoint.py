@@ -1,5 +1,6 @@
 """Trial checkpoints: a training state that continues bitwise where it stopped, written
-atomically and read with ``weights_only=True`` (tensors and plain containers only).
+atomically (sweeper/files.py) and read with ``weights_only=True`` (tensors and plain containers
+only); a file that cannot be read back raises CorruptCheckpoint.
 
 A state holds model, optimizer, scheduler, epoch, the per-epoch history so far, the trainer's
 generators (batch order, augmentation), the grad scaler, the global RNGs (Python, NumPy, torch,
@@ -9,7 +10,8 @@ Pure PyTorch, like the trainer that captures and restores it.
 
 from __future__ import annotations
 
-import os
+import errno
+import pickle
 import random
 import warnings
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from sweeper import files
 
 State = dict[str, Any]
 
@@ -34,17 +38,40 @@ class Resume:
     new_hyperparameters: bool = False
 
 
+class CorruptCheckpoint(Exception):
+    """A checkpoint file that exists but cannot be read back (truncated, overwritten, not a
+    checkpoint). str(self) names the file and why; the caller decides: a resumed trial starts
+    over from epoch 1, an export asks for another checkpoint."""
+
+
 def save(path: Path, state: State) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a reader never sees half a file
+    with files.replacing(path) as tmp:  # a reader, or a crash, never sees half a file
+        torch.save(state, tmp)
     return path
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> State:
-    """weights_only=True: tensors and plain containers only, no arbitrary code from the file."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """weights_only=True: tensors and plain containers only, no arbitrary code from the file.
+    A file that is there but unreadable raises CorruptCheckpoint (a missing one: OSError)."""
+    if not path.is_file():
+        raise FileNotFoundError(errno.ENOENT, "no checkpoint file", str(path))
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:  # weights_only refused something: not a state this code wrote
+        raise CorruptCheckpoint(f"{path}: not a sweeper checkpoint ({_first_line(exc)})") from exc
+    except (FileNotFoundError, PermissionError):
+        raise
+    except Exception as exc:  # a truncated or garbled zip/pickle stream: RuntimeError, OSError, EOFError...
+        raise CorruptCheckpoint(f"{path}: unreadable checkpoint, truncated or corrupt "
+                                f"({type(exc).__name__}: {_first_line(exc)})") from exc
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{path}: not a sweeper checkpoint (holds a {type(state).__name__}, "
+                                f"expected a dict of training state)")
+    return state
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def trial_path(out_dir: Path, number: int) -> Path:

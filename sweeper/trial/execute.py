@@ -4,6 +4,7 @@ to stop (a pruner's answer); it never raises for the trial's own failure."""
 
 from __future__ import annotations
 
+import gc
 import platform
 import time
 import traceback
@@ -22,6 +23,7 @@ from sweeper.trial.trainer import resolve_device
 # decide(number, epoch, metrics) -> True to stop (prune) the trial now
 Decide = Callable[[int, int, dict[str, float]], bool]
 STATES = ("complete", "pruned", "failed", "interrupted")  # interrupted: its worker process died (the pool says so)
+OOM = "oom"  # reason prefix of a trial that ran out of device memory: a resource failure, retried
 
 
 @dataclass
@@ -80,10 +82,22 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
         out.state = "complete"
     except TrialPruned as exc:
         out.state, out.reason = "pruned", str(exc)
+    except torch.cuda.OutOfMemoryError as exc:  # the machine's limit, not the trial's fault: retried
+        out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
     except Exception as exc:  # a failing trial never kills the sweep
         out.reason, out.error = reason_of(exc), traceback.format_exc()
+    finally:
+        release_device_memory()
     out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
     return out
+
+
+def release_device_memory() -> None:
+    """Give the CUDA memory a finished trial cached back (the next trial, or another process on
+    the GPU, may need it); the sweep's data set stays (it is held by the data cache)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()  # an exception's frames may still hold the trial's tensors
+        torch.cuda.empty_cache()
 
 
 def _device_name(device: torch.device) -> str:

@@ -3,7 +3,8 @@ constant learning rate that, in the ``build``-th schedule built under ``folder``
 processes: the build-<n> files), stops at the first optimizer step of epoch ``epoch`` (epochs
 1..epoch-1 are reported by then), writes ``folder/blocked`` (its pid) and waits until
 ``folder/release`` exists. It blocks once per folder: a trial retried from its checkpoint, or a
-re-run, goes through. Installed by the ``gate`` fixture (conftest.py) as an entry point."""
+re-run, goes through; so does sweeper's dry build before the first trial, which is not counted.
+Installed by the ``gate`` fixture (conftest.py) as an entry point."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from torch.optim.lr_scheduler import LambdaLR
 
+from sweeper.plugin import in_dry_build
+
 WAIT_POLL_S = 0.05
 
 
@@ -20,12 +23,13 @@ def _constant(step: int) -> float:
     return 1.0
 
 
-def _claim(folder: Path) -> int:
-    """This build's 1-based index among the builds under ``folder`` (atomic across processes)."""
+def _claim(folder: Path, prefix: str = "build") -> int:
+    """This build's (arrival's) 1-based index among those under ``folder``: the <prefix>-<n>
+    files (atomic across processes)."""
     n = 1
     while True:
         try:
-            os.close(os.open(folder / f"build-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(folder / f"{prefix}-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             return n
         except FileExistsError:
             n += 1
@@ -58,5 +62,7 @@ class Gate(LambdaLR):
 def gate(optimizer, *, epochs: int, steps_per_epoch: int, folder: str = "gate", build: int = 1,
          epoch: int = 1) -> Gate:
     Path(folder).mkdir(parents=True, exist_ok=True)
+    if in_dry_build():  # sweeper's dry build before the first trial is no trial: not counted, never blocked
+        return Gate(optimizer, str(folder), 0)
     index = _claim(Path(folder))
     return Gate(optimizer, str(folder), (epoch - 1) * steps_per_epoch + 1 if index == build else 0)

@@ -18,6 +18,7 @@ everything reported so far: more throughput, no such guarantee.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,12 +28,12 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.search import checkpoints
+from sweeper.search import checkpoints, faults
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease
 from sweeper.search.optuna.ledger import Ledger, Sweep
-from sweeper.search.optuna.study import (BATCH, FINISHED, INFO, INTERRUPTED, RETRY_OF, SLOT, TELL,
-                                         interrupted, make_pruner, make_sampler, record)
+from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, INTERRUPTED, RETRY_OF, SLOT,
+                                         TELL, interrupted, make_pruner, make_sampler, record)
 from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, open_trial_run
 from sweeper.spec import SweepSpec
@@ -40,7 +41,7 @@ from sweeper.spec import space as sp
 from sweeper.track.records import TrialEvent, TrialRecord
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
-from sweeper.trial.execute import Outcome
+from sweeper.trial.execute import OOM, Outcome
 from sweeper.trial.seeding import sampler_seed, threads_per_trial, trial_seed
 
 POLL_S = 0.5  # how often a process with nothing to train looks at the study again (s)
@@ -66,7 +67,10 @@ class Coordinator:
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.threads = threads_per_trial(spec)
         self.next_check = 0.0  # monotonic time to look for stale trials next
-        self.best = checkpoints.best(spec, self.records())  # whose checkpoint is kept so far
+        records = self.records()
+        self.best = checkpoints.best(spec, records)  # whose checkpoint is kept so far
+        self.trained = any(r.state in ("complete", "pruned") for r in records)  # the breaker is off once true
+        self.stopped: Exception | None = None  # the circuit breaker's error, raised once the trials end
 
     def run(self, executor: Executor) -> None:
         """Serve the sweep until its budget is spent (a worker), and every trial has finished
@@ -85,6 +89,8 @@ class Coordinator:
                     self._finish(outcome)
                 continue
             if self._over(sweep):
+                if self.stopped is not None:
+                    raise self.stopped
                 return
             time.sleep(POLL_S)  # the trials of this batch run elsewhere: the next batch waits for them
 
@@ -198,8 +204,10 @@ class Coordinator:
         values = sp.suggest(self.spec.search.space, trial)
         slot, batch = trial.user_attrs.get(SLOT, trial.number), trial.user_attrs.get(BATCH)
         shadow = self._view(batch).ask() if self.spec.search.reproducible and batch is not None else None
-        config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values, self.spec.with_values(values),
-                             self.threads, str(trial_path(self.ctx.out_dir, trial.number)))
+        resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
+        config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values,
+                             self.spec.with_values({**values, **resized}), self.threads,
+                             str(trial_path(self.ctx.out_dir, trial.number)))
         seed = sampler_seed(self.spec.seed, batch) if batch is not None else None
         run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed,
                                 tags={"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else None)
@@ -250,6 +258,8 @@ class Coordinator:
             return
         metric = self.spec.objective.metric
         reason = outcome.reason
+        if outcome.state == "failed" and (reason or "").startswith(OOM) and not live.lost:
+            reason = self._retry_oom(live, reason or OOM)
         if outcome.state == "pruned":
             reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
                      f"({metric}={outcome.history[-1][metric]:.4g})"
@@ -271,6 +281,7 @@ class Coordinator:
             return
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
         finished = record(frozen)
+        self._check_breaker(finished)
         if outcome.state == "complete":
             checkpoints.publish(self.spec, self.ctx.tracker, finished, self.ctx.out_dir)
             # free the disk as the sweep goes, not only at its end
@@ -307,20 +318,57 @@ class Coordinator:
             return  # the lock stays busy: the next check tries again (another process may do it)
         for t, why in trials:
             storage = self.study._storage
-            storage.set_trial_system_attr(t._trial_id, INTERRUPTED, why)
+            retry = t.user_attrs.get(ATTEMPT, 1) <= self.spec.search.max_retries
+            try:
+                if retry:
+                    storage.set_trial_system_attr(t._trial_id, INTERRUPTED, why)
+                else:  # lost too often (a trial that kills its machine?): it stays failed
+                    why = f"{why}; not retried: lost {t.user_attrs.get(ATTEMPT, 1)} times (search.max_retries)"
+                    storage.set_trial_user_attr(t._trial_id, INFO, {**t.user_attrs.get(INFO, {}), "reason": why})
+            except UpdateFinishedTrialError:
+                continue  # it finished meanwhile
             if not lease.fail(self.study, t):  # it finished (or another process failed it) meanwhile
-                storage.set_trial_system_attr(t._trial_id, INTERRUPTED, False)
+                with contextlib.suppress(UpdateFinishedTrialError):
+                    storage.set_trial_system_attr(t._trial_id, INTERRUPTED, False)
                 continue
-            self._enqueue_retry(t)
+            if retry:
+                self._enqueue_retry(t.params, t.user_attrs, t.number)
             # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
             close_trial_run(self.ctx.tracker, t.user_attrs.get(INFO, {}).get("mlflow_run_id"), "interrupted", why,
                             status="FAILED")
-            self.ctx.observer.note(f"trial {t.number} was lost ({why}): retried with the same parameters")
+            self.ctx.observer.note(f"trial {t.number} was lost ({why})" +
+                                   (": retried with the same parameters" if retry else ""))
         self.ledger.unlock()
 
-    def _enqueue_retry(self, t: FrozenTrial) -> None:
-        attrs = {k: t.user_attrs[k] for k in (SLOT, BATCH) if k in t.user_attrs}
-        self.study.enqueue_trial(t.params, user_attrs={**attrs, RETRY_OF: t.number})
+    def _enqueue_retry(self, params: dict[str, Any], attrs: dict[str, Any], number: int, **changes: Any) -> None:
+        """Queue another attempt at a trial's slot: same params, seed and batch (and the same
+        train.accumulate, unless ``changes`` sets another)."""
+        kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE) if k in attrs}
+        self.study.enqueue_trial(params, user_attrs={**kept, RETRY_OF: number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1,
+                                                     **changes})
+
+    def _retry_oom(self, live: _Live, reason: str) -> str:
+        """Queue a trial out of memory again, train.accumulate doubled, before it is told (its batch
+        stays unfinished: no later batch is proposed without the retry). Returns its reason."""
+        accumulate = faults.oom_retry(live.config.spec, live.trial.user_attrs.get(ATTEMPT, 1))
+        if accumulate is None:
+            return f"{reason}; not retried (search.max_retries, or train.accumulate is train.batch_size already)"
+        self._enqueue_retry(live.trial.params, live.trial.user_attrs, live.trial.number, **{ACCUMULATE: accumulate})
+        self.ctx.observer.note(f"trial {live.trial.number} ran out of memory: retried, train.accumulate={accumulate}")
+        return f"{reason}; retried with train.accumulate={accumulate}"
+
+    def _check_breaker(self, finished: TrialRecord) -> None:
+        """The circuit breaker: the first trials all failed alike and none trained, so the sweep
+        stops (every process: the ledger's stop request) with that error once running trials end."""
+        self.trained = self.trained or finished.state in ("complete", "pruned")
+        if self.trained or finished.state != "failed" or self.stopped is not None:
+            return
+        sweep = self.ledger.read()
+        cap = self._cap(sweep)
+        self.stopped = faults.breaker(self.spec, self.records(), None if cap is None else cap - sweep.proposed)
+        if self.stopped is not None:
+            self.ledger.request_stop()
+            self.ctx.observer.note("stopping: the first trials all failed with the same error")
 
     def _repair(self, sweep: Sweep) -> None:
         """Holding the lock of a process that stopped mid-way: every slot claimed so far gets a
@@ -330,7 +378,7 @@ class Coordinator:
         for t in trials:
             slot = t.user_attrs.get(SLOT, t.number)
             if interrupted(t) and slot not in filled:
-                self._enqueue_retry(t)
+                self._enqueue_retry(t.params, t.user_attrs, t.number)
                 filled.add(slot)
         missing = [s for s in range(sweep.batch_start, sweep.proposed) if s not in filled]
         if missing and not self.spec.search.reproducible:

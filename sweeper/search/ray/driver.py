@@ -9,6 +9,7 @@ driver closes the MLflow runs of trials Tune stopped (state ``pruned``).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -17,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from sweeper.search import checkpoints
+from sweeper.search import checkpoints, faults
 from sweeper.search.backend import SearchContext, SearchResult
 from sweeper.search.ray import cluster
 from sweeper.search.ray.schedulers import checkpoint_every, checkpoints_kept, make_scheduler
@@ -35,6 +36,9 @@ from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial
 OWN_KEYS = ("epoch", "done", "trial_id", "sweeper_number", "sweeper_state", "mlflow_run_id", "node_id",
             "seconds", "device", "should_checkpoint")
 EVENTS: Callable[[TrialEvent], None] | None = None  # the observer's event sink, set by run()
+ENDED: list[TrialRecord] = []  # trials ended in this run, in the order Tune reported them
+STOPPED: str | None = None  # the circuit breaker's error, once it trips (faults.breaker_trips)
+QUIET_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.analysis.experiment_analysis")
 # Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default; a
 # small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
 SNAPSHOT_EVERY_S = "2"
@@ -106,6 +110,9 @@ def _events_callback(spec: SweepSpec) -> Any:
 
         if me.EVENTS is not None:
             me.EVENTS(event)
+        if event.kind == "end" and event.record is not None:  # the circuit breaker watches the ends
+            me.ENDED.append(event.record)
+            me.STOPPED = me.STOPPED or faults.breaker_trips(spec, me.ENDED)
 
     class Events(tune.Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
@@ -119,13 +126,31 @@ def _events_callback(spec: SweepSpec) -> Any:
             self._end(trial, None)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self._end(trial, trial.error_message or "error")
+            # the error's text: Tune has just written it to the trial's local error file
+            path = trial.error_file
+            self._end(trial, Path(path).read_text() if path and Path(path).exists() else "error")
 
         def _end(self, trial: Any, error: Any) -> None:
             number = trial_number(trial.config, trial.trial_id)
             emit(TrialEvent.end(record(spec, number, trial.config, trial.last_result or {}, [], error)))
 
     return Events()
+
+
+def _breaker() -> Any:
+    """Stops the whole Tune run once the circuit breaker has tripped (see faults.py)."""
+    from ray import tune
+
+    class Breaker(tune.Stopper):
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            return False
+
+        def stop_all(self) -> bool:
+            from sweeper.search.ray import driver as me
+
+            return me.STOPPED is not None
+
+    return Breaker()
 
 
 def _history(result: Any) -> list[dict[str, float]]:
@@ -147,7 +172,7 @@ def _history(result: Any) -> list[dict[str, float]]:
 
 def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     """Run or resume the sweep on Ray Tune."""
-    global EVENTS
+    global EVENTS, STOPPED
     addr = cluster.address(spec)  # RayBackend.check has vetted it and the storage before any connection
     import ray
     from ray import tune
@@ -157,8 +182,12 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     # restore never names a deleted one) and warns each time when epochs are short; the snapshot is
     # a few kB here, and the warning would flood the sweep's output.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Tune logs each failed trial's traceback (and, after a stop, the trials it could not read) at
+    # ERROR; sweeper records them itself (the trial table, error.txt in the trial's MLflow run)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     cluster.connect(spec, addr)
-    EVENTS = ctx.observer.event
+    EVENTS, ENDED[:], STOPPED = ctx.observer.event, [], None
     tracker = ctx.tracker
     try:
         storage = cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
@@ -188,9 +217,13 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
             # which trial exploits which still depends on the order results arrive in.
             random.seed(derive(spec.seed, "sweep"))
         grid = tuner.fit()
-        records = sorted((_result_record(spec, r) for r in grid), key=lambda r: r.number)
+        # a trial Tune created but never started (the circuit breaker stopped the run) has no config
+        records = sorted((_result_record(spec, r) for r in grid if r.config is not None), key=lambda r: r.number)
         _close_runs(tracker, ctx.sweep.parent_run_id, records)
         _fetch_checkpoints(spec, grid, records, ctx.out_dir)
+        stopped = faults.breaker(spec, ENDED, spec.search.n_trials - len(records) if spec.search.n_trials else None)
+        if STOPPED is not None and stopped is not None:
+            raise stopped
     finally:
         EVENTS = None
         ray.shutdown()  # a local Ray stops here; a cluster is only disconnected from
@@ -212,6 +245,7 @@ def _run_config(spec: SweepSpec, storage: str) -> Any:
     from ray import tune
 
     return tune.RunConfig(name=spec.name, storage_path=storage, verbose=0, callbacks=[_events_callback(spec)],
+                          stop=_breaker(),
                           failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
                           checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)))
 

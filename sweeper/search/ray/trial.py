@@ -24,6 +24,7 @@ from typing import Any
 from sweeper.search.trial_runs import SweepInfo, close_trial_run, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.build import TrialConfig
 
@@ -92,7 +93,8 @@ def trainable(config: dict[str, Any], context: Context) -> None:
     params = trial_params(base.search.space, config)
     spec = base.with_values(params)
     node_id = ray.get_runtime_context().get_node_id()
-    tracker = Tracker(context.tracking_uri, context.experiment)
+    # its writes wait in the sweep's folder while MLflow is away (a folder of this machine)
+    tracker = Tracker(context.tracking_uri, context.experiment, Path(context.sweep.out_dir) / JOURNAL)
     with tempfile.TemporaryDirectory(prefix="sweeper-trial-") as tmp:
         out, start = Path(tmp) / "out", Path(tmp) / "start"  # what this trial reports; where it starts
         out.mkdir()

@@ -1,0 +1,78 @@
+"""What a sweep does when trials fail, whichever backend runs them: a failure the trial's own
+configuration causes is recorded (and, repeated from the start, stops the sweep: the circuit
+breaker); a failure of resources (out of memory, a worker killed) is retried.
+
+- ``breaker_trips``: the first ``search.max_failures_in_a_row`` trials all failed with the same
+  error and none finished: every later trial would most likely hit it too, so the sweep stops
+  with that error rather than spend its budget (GPU-hours) on it.
+- ``oom_retry``: a trial out of (CUDA) memory is run again with ``train.accumulate`` doubled: the
+  same optimizer steps over micro-batches half as large, so its activations need about half
+  the memory.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from sweeper.errors import SweepStopped
+from sweeper.spec import SweepSpec
+from sweeper.track.records import TrialRecord
+from sweeper.trial.execute import OOM
+
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def resource_failure(reason: str | None) -> bool:
+    """True for the failures of a machine, not of the trial's configuration: out of memory, a
+    worker or machine lost (the trial is retried: it says nothing about its parameters)."""
+    return bool(reason) and (reason == OOM or reason.startswith((f"{OOM}:", "interrupted")))
+
+
+def same_error(reason: str) -> str:
+    """A failure's reason with its numbers masked: 'size mismatch 12 vs 13' and '14 vs 15' agree."""
+    return _NUMBER.sub("#", reason)
+
+
+def breaker_trips(spec: SweepSpec, records: Iterable[TrialRecord]) -> str | None:
+    """The error that stops the sweep, or None. Trips when no trial has completed or been pruned
+    (pruned trials trained: their configuration works) and the first ``max_failures_in_a_row``
+    failed trials (in trial order, resource failures aside) failed with the same error."""
+    limit = spec.search.max_failures_in_a_row
+    if not limit:
+        return None
+    failures = []
+    for r in sorted(records, key=lambda r: r.number):
+        if r.state in ("complete", "pruned"):
+            return None
+        if r.state == "failed" and not resource_failure(r.reason):
+            failures.append(r)
+    if len(failures) < limit or len({same_error(r.reason or "") for r in failures[:limit]}) != 1:
+        return None
+    return failures[0].reason or "an unknown error"
+
+
+def breaker(spec: SweepSpec, records: list[TrialRecord], left: int | None) -> SweepStopped | None:
+    """The error that stops the sweep when the breaker trips on ``records`` (``left``: trials of
+    the budget not started), else None; it says what to do next."""
+    error = breaker_trips(spec, records)
+    if error is None:
+        return None
+    trials = [r.number for r in records if r.state == "failed" and not resource_failure(r.reason)]
+    budget = f"the other {left} trial(s) of the budget were not started" if left else "no further trial started"
+    return SweepStopped(
+        f"the sweep stopped: its first {len(trials)} trials ({', '.join(map(str, trials))}) all failed with the same "
+        f"error and none completed, so the others would most likely fail too ({budget}).\n  {error}\n"
+        f"Each trial's traceback is error.txt in its MLflow run (and `sweeper status` lists them). Fix the cause "
+        f"and run the same command again: the sweep resumes, failed trials stay recorded. To keep trying "
+        f"regardless, set search.max_failures_in_a_row higher (0: never stop).")
+
+
+def oom_retry(trial_spec: SweepSpec, attempt: int) -> int | None:
+    """The ``train.accumulate`` of the next attempt of a trial (its spec, values applied) that ran
+    out of memory on its ``attempt``-th attempt (1-based), or None when no retry is left:
+    ``search.max_retries`` spent, or micro-batches of one sample already."""
+    doubled = trial_spec.train.accumulate * 2
+    if attempt > trial_spec.search.max_retries or doubled > trial_spec.train.batch_size:
+        return None
+    return doubled
