@@ -40,8 +40,8 @@ class Resume:
 
 class CorruptCheckpoint(Exception):
     """A checkpoint file that exists but cannot be read back (truncated, overwritten, not a
-    checkpoint). str(self) names the file and why; the caller decides: a resumed trial starts
-    over from epoch 1, an export asks for another checkpoint."""
+    checkpoint). str(self) names the file and why: a trial that was to resume from it fails with
+    that reason (never a crash of the sweep), an export asks for another checkpoint."""
 
 
 def save(path: Path, state: State) -> Path:
