@@ -44,7 +44,7 @@ def test_the_first_trials_failing_alike_stop_the_sweep_and_a_fixed_rerun_resumes
     message = " ".join(stopped.stderr.split())
     assert "the fused kernel failed on a batch of 32 samples" in message
     assert "first 3 trials (0, 1, 2) all failed with the same error" in message
-    assert "search.max_failures_in_a_row" in message
+    assert "search.max_failures_in_a_row" in message and "The traceback: error.txt in MLflow run " in message
     trials = _trials(workdir / "out")
     # one batch of 4 was proposed; its fourth trial never started, the other 8 slots were never claimed
     assert [t.state.name for t in trials] == ["FAIL", "FAIL", "FAIL", "WAITING"]

@@ -51,8 +51,8 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
             if "error" not in entry:
                 entry["val_acc_change"] = entry["val_acc"] - ref.val_acc
                 side = Path(entry["path"] + ".json")  # the accuracy change, next to the file
-                files.write_atomic(side, json.dumps({k: entry[k] for k in ("val_acc", "eager_val_acc", "val_acc_change",
-                                                                  "max_abs_diff")}, indent=2))
+                kept = ("val_acc", "eager_val_acc", "val_acc_change", "max_abs_diff")
+                files.write_atomic(side, json.dumps({k: entry[k] for k in kept}, indent=2))
                 entry["files"].append(str(side))
             entries.append(entry)
     report = {

@@ -58,14 +58,16 @@ def breaker(spec: SweepSpec, records: list[TrialRecord], left: int | None) -> Sw
     error = breaker_trips(spec, records)
     if error is None:
         return None
-    trials = [r.number for r in records if r.state == "failed" and not resource_failure(r.reason)]
+    failed = [r for r in records if r.state == "failed" and not resource_failure(r.reason)]
     budget = f"the other {left} trial(s) of the budget were not started" if left else "no further trial started"
+    run = failed[0].mlflow_run_id
+    traceback = f"error.txt in MLflow run {run} (trial {failed[0].number})" if run else "in its MLflow run"
     return SweepStopped(
-        f"the sweep stopped: its first {len(trials)} trials ({', '.join(map(str, trials))}) all failed with the same "
-        f"error and none completed, so the others would most likely fail too ({budget}).\n  {error}\n"
-        f"Each trial's traceback is error.txt in its MLflow run (and `sweeper status` lists them). Fix the cause "
-        f"and run the same command again: the sweep resumes, failed trials stay recorded. To keep trying "
-        f"regardless, set search.max_failures_in_a_row higher (0: never stop).")
+        f"the sweep stopped: its first {len(failed)} trials ({', '.join(str(r.number) for r in failed)}) all failed "
+        f"with the same error and none completed, so the others would most likely fail too ({budget}).\n"
+        f"  {error}\nThe traceback: {traceback}. Fix the cause and run the same command again: the sweep "
+        f"resumes, failed trials stay recorded. To keep trying regardless, set search.max_failures_in_a_row "
+        f"higher (0: never stop).")
 
 
 def oom_retry(trial_spec: SweepSpec, attempt: int) -> int | None:
