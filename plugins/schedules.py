@@ -12,12 +12,15 @@ def none(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int) -> None:
 
 
 def onecycle(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, pct_start: float = 0.25,
-             div_factor: float = 25.0, final_div_factor: float = 1e4) -> lr_scheduler.OneCycleLR:
-    """One-cycle policy (Smith 2018) peaking at the optimizer's configured LR."""
+             div_factor: float = 25.0, final_div_factor: float = 1e4,
+             cycle_momentum: bool = False) -> lr_scheduler.OneCycleLR:
+    """One-cycle policy (Smith 2018) peaking at the optimizer's configured LR. ``cycle_momentum``
+    (torch's default is on) would also cycle the optimizer's momentum (SGD) or beta1 (Adam)
+    between 0.85 and 0.95 every step, overriding what the spec fixed or searched: off unless asked."""
     peak = [group["lr"] for group in optimizer.param_groups]
     return lr_scheduler.OneCycleLR(optimizer, max_lr=peak, epochs=epochs, steps_per_epoch=steps_per_epoch,
                                    pct_start=pct_start, div_factor=div_factor,
-                                   final_div_factor=final_div_factor)
+                                   final_div_factor=final_div_factor, cycle_momentum=cycle_momentum)
 
 
 def cosine(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,

@@ -180,6 +180,8 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
     typer.echo(f"# budget: {sweep.budget()}")
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
     typer.echo(f"# dry build: {dry.summary()}")
+    for warning in dry.warnings:
+        err.print("[yellow]warning:[/]", escape(warning), soft_wrap=True)
 
 
 @app.command("lr-find")

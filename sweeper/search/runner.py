@@ -90,7 +90,9 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
                         "use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
-    dry_build(spec)  # data prepared once, each plugin choice built on the CPU: before any file, run or trial
+    # data prepared once, each plugin choice built on the CPU: before any file, run or trial
+    for warning in dry_build(spec).warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
         store = searcher.store(spec, out_dir)

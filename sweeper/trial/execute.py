@@ -73,7 +73,9 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
                     "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
         resume = None
         if config.resume is not None:
-            resume = checkpoint.Resume(checkpoint.load(Path(config.resume), device), config.new_hyperparameters)
+            # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
+            # (an optimizer's step counters stay on the CPU: on the GPU they would sync every step)
+            resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
             out.history = [dict(h) for h in resume.state["history"]]
             last["state"] = resume.state
         run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end)

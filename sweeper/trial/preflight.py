@@ -38,6 +38,7 @@ class DryBuild:
     configurations: list[str]  # "base" or the plugin choice, e.g. "optimizer.plugin=adamw"
     data_seconds: float  # preparing the data sets (download, unpack, read)
     build_seconds: float  # building the plugins and the training step
+    warnings: list[str]  # optimizer settings a plugin overrides (the spec's value has no effect)
 
     def summary(self) -> str:
         return (f"{len(self.configurations)} configuration(s) ({', '.join(self.configurations)}) on cpu: "
@@ -47,6 +48,7 @@ class DryBuild:
 def dry_build(spec: SweepSpec) -> DryBuild:
     """Prepare the data and dry-build every plugin choice of ``spec``; raises UserError."""
     labels: list[str] = []
+    warnings: list[str] = []
     data_seconds = build_seconds = 0.0
     prepared: dict[str, DataSplits] = {}  # by dataset plugin and args: each prepared once
     with _dry_building():
@@ -63,20 +65,23 @@ def dry_build(spec: SweepSpec) -> DryBuild:
             _check_batch_sizes(spec, config, data)
             data_seconds += time.perf_counter() - started
             started = time.perf_counter()
-            _build_and_step(config, data, values)
+            warnings += [w for w in _build_and_step(config, data, values) if w not in warnings]
             build_seconds += time.perf_counter() - started
-    return DryBuild(labels, data_seconds, build_seconds)
+    return DryBuild(labels, data_seconds, build_seconds, warnings)
 
 
-def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any]) -> None:
+def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any]) -> list[str]:
     """Build the plugins (the schedule sized for the full data set) and take one training step,
-    one scheduler step and one evaluation on a few samples."""
+    one scheduler step and one evaluation on a few samples. Returns warnings: the optimizer
+    settings of the spec that the optimizer or the schedule plugin overrides."""
     n = min(DRY_SAMPLES, len(data.train_y))
     x, y = data.train_x[:n], data.train_y[:n]
     with _blame(config, "model", "building it", values):
         model = build_model(config, data)
     with _blame(config, "optimizer", "building it", values):
         optimizer = build_optimizer(config, model)
+    warnings = _overridden(config, "optimizer", optimizer, dict(config.optimizer.args))
+    given = _settings(optimizer)
     with _blame(config, "schedule", "building it", values):
         scheduler = build_schedule(config, optimizer, data)
     if data.train_transform is not None:
@@ -101,6 +106,32 @@ def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any])
         model.eval()
         with torch.inference_mode():
             model(data.val_x[:n])
+    return warnings + _overridden(config, "schedule", optimizer, given)
+
+
+# What a schedule is meant to change (the learning rate and its own bookkeeping)
+_LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum")
+
+
+def _settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The first param group's settings (momentum, betas, weight decay, ...), as plain values."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.param_groups[0].items()
+            if k != "params" and k not in _LR_KEYS and isinstance(v, (int, float, tuple, list))}
+
+
+def _overridden(config: SweepSpec, section: str, optimizer: torch.optim.Optimizer,
+                expected: dict[str, Any]) -> list[str]:
+    """Settings in ``expected`` (the spec's optimizer args, or the settings before the schedule
+    was built and stepped) that the optimizer now holds with another value."""
+    now = _settings(optimizer)
+    plugin = getattr(config, section).plugin
+    out = []
+    for key, value in expected.items():
+        value = list(value) if isinstance(value, tuple) else value
+        if key in now and key not in _LR_KEYS and now[key] != value:
+            out.append(f"{section} plugin '{plugin}' changes the optimizer's {key} from {value!r} to {now[key]!r}: "
+                       f"the value optimizer.args.{key} gives (fixed or searched) has no effect")
+    return out
 
 
 def _check_splits(data: Any) -> None:

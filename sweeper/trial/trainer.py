@@ -39,7 +39,8 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     """The autocast dtype, or None for plain fp32."""
     if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
         return None
-    if precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported()):
+    # emulated bf16 (older GPUs) is slower than fp16 with a scaler: count only native support
+    if precision == "fp16" or (precision == "auto" and not torch.cuda.is_bf16_supported(including_emulation=False)):
         return torch.float16
     return torch.bfloat16
 
