@@ -23,7 +23,8 @@ from sweeper.track.records import TrialRecord
 def faulty(site: Path) -> None:
     source = (Path(__file__).parent / "plugins" / "sweeper_test_faults.py").read_text()
     make_dist(site, "sweeper-test-faults", "1.0",
-              {"sweeper.models": {"greedy": "sweeper_test_faults:greedy", "broken": "sweeper_test_faults:broken"}},
+              {"sweeper.models": {"greedy": "sweeper_test_faults:greedy", "broken": "sweeper_test_faults:broken",
+                                  "faulting": "sweeper_test_faults:faulting"}},
               {"sweeper_test_faults.py": source})
     from sweeper.pluginhost import registry
 
@@ -122,3 +123,29 @@ def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None):
     assert "all failed with the same error" in message and "the fused kernel failed on a batch of 32" in message
     # Tune started no trial after the third failure (one at a time): 5 of the 8 never ran
     assert "the other 5 trial(s) of the budget were not started" in message
+
+
+def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workdir: Path, faulty: None):
+    from conftest import config
+    from sweeper.search.pool import ProcessPool
+
+    faulting = config("model={plugin: faulting, args: {}}", "search.space={}", epochs=1)
+    pool = ProcessPool(1, lambda *a: False, lambda *a: None)
+    try:
+        first = pool.procs[0].pid
+        pool.submit(faulting)
+        (lost,) = list(pool.results(timeout_s=300))
+        assert lost.state == "failed" and lost.context_lost and "illegal memory access" in lost.reason
+        assert pool.procs[0].pid != first and pool.procs[0].is_alive()  # a new worker took its place
+        pool.submit(config("search.space={}", epochs=1))
+        (fine,) = list(pool.results(timeout_s=300))
+        assert fine.state == "complete"
+    finally:
+        pool.close()
+
+    spec = write_spec(workdir / "spec.yaml", model={"plugin": "faulting", "args": {}},
+                      search={"sampler": "random", "n_trials": 4, "space": {}})
+    stopped = sweeper("run", str(spec), "--out", "out", "-q")
+    assert stopped.returncode == 1
+    assert "trial 0 broke this process's CUDA context" in " ".join(stopped.stderr.split())
+    assert [t.state.name for t in _trials(workdir / "out")][:1] == ["FAIL"]

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+from sweeper.errors import SweepStopped
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import Decide, Outcome, execute
 
@@ -63,7 +64,14 @@ class InlineExecutor:
 
     def results(self, timeout_s: float = 0.0) -> Iterator[Outcome]:
         while self.done:
-            yield self.done.pop(0)
+            outcome = self.done.pop(0)
+            yield outcome
+            if outcome.context_lost:  # this process cannot use CUDA any more: a re-run starts afresh
+                raise SweepStopped(
+                    f"the sweep stopped: trial {outcome.number} broke this process's CUDA context ({outcome.reason}); "
+                    f"no later trial could run in it. The trial is recorded as failed. Run the same command again: "
+                    f"the sweep resumes in a new process (with search.parallel above 1, a worker process that "
+                    f"breaks its context is replaced instead)")
 
     def close(self) -> None:
         pass
@@ -128,6 +136,10 @@ class ProcessPool:
                     self.record(number, epoch, metrics)
                 else:
                     del self.running[index]
+                    if payload.context_lost:  # the worker exits (see _worker_loop): a new one takes its place
+                        self.procs[index].join()
+                        self.conns[index].close()
+                        self._start_worker(index)
                     yield payload
                     return
 
@@ -219,6 +231,9 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
 
     try:
         while (task := conn.recv()) is not None:
-            conn.send(("end", execute(task, decide, index)))
+            outcome = execute(task, decide, index)
+            conn.send(("end", outcome))
+            if outcome.context_lost:  # every later CUDA call here would fail: the pool starts a new worker
+                return
     except (EOFError, OSError):  # the parent is gone: nobody wants the result
         pass

@@ -24,6 +24,10 @@ from sweeper.trial.trainer import resolve_device
 Decide = Callable[[int, int, dict[str, float]], bool]
 STATES = ("complete", "pruned", "failed", "interrupted")  # interrupted: its worker process died (the pool says so)
 OOM = "oom"  # reason prefix of a trial that ran out of device memory: a resource failure, retried
+# What CUDA reports once a kernel has faulted: the process's CUDA context is unusable from then on
+# (every later call fails), so the process that ran the trial must not run another.
+CONTEXT_LOST = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+                "illegal instruction", "uncorrectable ECC error")
 
 
 @dataclass
@@ -34,6 +38,7 @@ class Outcome:
     reason: str | None = None
     error: str | None = None  # traceback, for the trial's MLflow run
     info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions, seconds
+    context_lost: bool = False  # its process's CUDA context failed: the process must be replaced
 
 
 def saves_state(config: TrialConfig, epoch: int) -> bool:
@@ -88,6 +93,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
         out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
     except Exception as exc:  # a failing trial never kills the sweep
         out.reason, out.error = reason_of(exc), traceback.format_exc()
+        out.context_lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
     finally:
         release_device_memory()
     out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing

@@ -5,7 +5,9 @@ build and take a tiny batch fine (the dry build before the first trial passes), 
   ``fits`` samples, as a GPU would for a model too big for its batch: a trial succeeds once
   ``train.accumulate`` has made its micro-batches small enough.
 - ``broken``: raises the same RuntimeError on every training batch larger than ``above``
-  samples: a bug every trial hits (the circuit breaker's case)."""
+  samples: a bug every trial hits (the circuit breaker's case).
+- ``faulting``: raises what CUDA raises after a kernel's illegal memory access (the process's
+  CUDA context is then lost) on every training batch larger than ``above`` samples."""
 
 from __future__ import annotations
 
@@ -36,3 +38,8 @@ def greedy(*, input_shape: tuple[int, ...], num_classes: int, fits: int = 8) -> 
 def broken(*, input_shape: tuple[int, ...], num_classes: int, above: int = 16) -> nn.Module:
     return _Limited(input_shape, num_classes, above, RuntimeError,
                     "the fused kernel failed on a batch of {n} samples")
+
+
+def faulting(*, input_shape: tuple[int, ...], num_classes: int, above: int = 16) -> nn.Module:
+    return _Limited(input_shape, num_classes, above, torch.AcceleratorError,
+                    "CUDA error: an illegal memory access was encountered (a batch of {n} samples)")
