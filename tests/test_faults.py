@@ -149,3 +149,4 @@ def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workd
     assert stopped.returncode == 1
     assert "trial 0 broke this process's CUDA context" in " ".join(stopped.stderr.split())
     assert [t.state.name for t in _trials(workdir / "out")][:1] == ["FAIL"]
+

@@ -154,3 +154,10 @@ def test_schema_is_published_json():
     schema = json.loads(result.output)
     assert {"dataset", "model", "optimizer", "search", "train"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False
+
+
+def test_a_ray_trial_that_must_use_cuda_reserves_a_gpu():
+    ray = ["search.backend=ray", "search.pruner.type=asha", "train.device=cuda"]
+    with pytest.raises(UserError, match="train.device is 'cuda' but search.resources.gpu is 0: Ray hides every GPU"):
+        spec_mod.load(SPACES / "smoke.yaml", [*ray, "search.resources.gpu=0"])
+    assert spec_mod.load(SPACES / "smoke.yaml", ray).search.resources.gpu is None  # unset: 1 where the cluster has GPUs

@@ -115,7 +115,10 @@ class ResourcesSpec(_Strict):
     """What one trial reserves on a Ray node (backend ray)."""
 
     cpu: float = Field(default=1, gt=0, description="CPU cores per trial; torch uses max(1, int(cpu)) threads")
-    gpu: float = Field(default=0, ge=0, description="GPUs per trial; fractions share a GPU (0.5: two trials)")
+    # Unset: 1 when the Ray cluster has GPUs, else 0. A trial that reserves no GPU sees none (Ray
+    # hides them), so a default of 0 would train every trial on the CPU of a GPU machine.
+    gpu: float | None = Field(default=None, ge=0, description="GPUs per trial; fractions share a GPU (0.5: two "
+                              "trials); default: 1 when the cluster has GPUs, else 0")
 
 
 class RaySpec(_Strict):
@@ -321,6 +324,14 @@ class SweepSpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     export: ExportSpec = ExportSpec()
 
+    @model_validator(mode="after")
+    def _gpu_reserved(self) -> SweepSpec:
+        if self.search.backend == "ray" and self.train.device == "cuda" and self.search.resources.gpu == 0:
+            raise ValueError("train.device is 'cuda' but search.resources.gpu is 0: Ray hides every GPU from a "
+                             "trial that reserves none; set search.resources.gpu (1, or 0.5 to share a GPU) or "
+                             "leave it unset (1 when the cluster has GPUs)")
+        return self
+
     def with_values(self, values: dict[str, Any]) -> SweepSpec:
         """This spec with searched values set at their dotted paths (re-validated)."""
         return SweepSpec.model_validate(sp.apply(self.model_dump(), values))
@@ -335,7 +346,8 @@ class SweepSpec(_Strict):
         search = self.search
         if search.backend == "ray":
             where = search.ray.address or "a local Ray (or $RAY_ADDRESS)"
-            gpu = f" + {search.resources.gpu:g} GPU" if search.resources.gpu else ""
+            gpu = f" + {search.resources.gpu:g} GPU" if search.resources.gpu else \
+                " + 1 GPU (if the cluster has any)" if search.resources.gpu is None else ""
             workers = f"Ray Tune on {where}, {search.resources.cpu:g} CPU{gpu} per trial"
         else:
             workers = f"{search.parallel} worker(s)"

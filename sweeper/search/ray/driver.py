@@ -203,7 +203,10 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
         context = Context(spec, tracker.uri, tracker.experiment, ctx.sweep, threads_per_trial(spec),
                           None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
                           checkpoint_every(spec))
-        resources = {"cpu": spec.search.resources.cpu, "gpu": spec.search.resources.gpu}
+        gpu = spec.search.resources.gpu
+        if gpu is None:  # unset: one GPU per trial where the cluster has GPUs (see ResourcesSpec)
+            gpu = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        resources = {"cpu": spec.search.resources.cpu, "gpu": gpu}
         fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
         searcher, space = make_searcher(spec)
         if restoring:
