@@ -147,6 +147,22 @@ def _fetch(root: Path, download: bool) -> None:
     extract_archive(str(archive), str(root))
 
 
+def write_random(root: str | Path, per_batch: int = 20, seed: int = 0) -> Path:
+    """CIFAR-10's on-disk "python version" with random pixels and labels (``per_batch`` images
+    in each of the 5 training batches and the test batch): real files in the real format, for
+    tests and benchmarks that must not download. Returns the folder."""
+    folder = Path(root) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in (*TRAIN_FILES, "test_batch"):
+        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+    return folder
+
+
 def random_crop_flip(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Standard CIFAR augmentation for a whole batch at once: random 32x32 crop from the
     image zero-padded by PAD pixels, then a horizontal flip with probability 1/2."""

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -105,17 +103,9 @@ def children(client, parent_id: str) -> list:
 
 def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
     """CIFAR-10's on-disk 'python version': pickled dicts of uint8 rows (3072 = 3x32x32) + labels."""
-    from sweeper_plugins.cifar import FOLDER, TRAIN_FILES
+    from sweeper_plugins.cifar import write_random
 
-    folder = root / FOLDER
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in (*TRAIN_FILES, "test_batch"):
-        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
-        (folder / name).write_bytes(pickle.dumps(batch))
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+    write_random(root, per_batch)
 
 
 @pytest.fixture

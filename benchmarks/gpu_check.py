@@ -1,0 +1,242 @@
+"""Every GPU path of sweeper, checked on one GPU in a few minutes; one JSON report on stdout.
+
+    python benchmarks/gpu_check.py          # on a machine with CUDA (the report goes in the issue's note)
+    python benchmarks/gpu_check.py --cpu    # the same checks, tiny, on the CPU: this script's own smoke test
+    python benchmarks/gpu_check.py throughput   # one check only
+
+The report is also written after each check to $GPU_CHECK_OUT (default ./gpu_check.json).
+
+Each check records its numbers or its error; one failing check does not stop the others.
+- device: torch, CUDA, the GPU, its memory, native bf16
+- sweep: a 2-trial x 2-epoch cifar.yaml sweep through the CLI on CIFAR-format files written here
+  (no download): each trial's device, samples/s and peak memory, export parity
+- two_workers: the same with search.parallel=2 on one GPU
+- deterministic: train.deterministic twice: the same history, bitwise
+- sync_audit: one epoch of training under torch.cuda.set_sync_debug_mode("warn"): syncs counted
+- throughput: ResNet-18 on CIFAR-shaped batches (256/512/1024), bf16 autocast: NCHW vs
+  channels_last, foreach vs fused AdamW, torch.compile off vs on (images/s; goal >= 60,000 on an H200)
+- resumed_adamw: step time of AdamW resumed from a checkpoint vs a fresh one (no per-step sync)
+- export_on_cpu: a checkpoint trained on the GPU exported by a process that sees no GPU
+- ray_fraction: a Ray sweep of 2 trials with search.resources.gpu 0.5 (both on the GPU at once)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+CIFAR = REPO / "search_spaces" / "cifar.yaml"
+
+
+def cli(folder: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``sweeper run cifar.yaml ARGS`` in ``folder``; its summary.json."""
+    proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(CIFAR), *args, "--out", "out", "-q"],
+                          cwd=folder, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"sweeper run exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads((folder / "out" / "summary.json").read_text())
+
+
+def trials(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"number": t["number"], "state": t["state"], "device": t["device"],
+             "samples_per_s": [round(h.get("samples_per_s", 0)) for h in t["history"]],
+             "gpu_mem_peak_mb": max((h.get("gpu_mem_peak_mb", 0) for h in t["history"]), default=None)}
+            for t in summary["trials"]]
+
+
+def sweep_args(root: Path, small: bool) -> list[str]:
+    size = ["dataset.args.limit=2000", "model.args.width=8", "search.space.train.batch_size={type: categorical, "
+            "choices: [64, 128]}"] if small else []
+    return [f"dataset.args.root={root}", "dataset.args.download=false", "search.n_trials=2", "train.epochs=2",
+            "search.lr_finder.enabled=false", "search.pruner.type=none", "export.formats=[torchscript,onnx]", *size]
+
+
+def check_sweep(root: Path, small: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false")
+        exported = {f["format"]: f.get("max_abs_diff", f.get("error")) for f in summary.get("export", {}).get("formats", [])}
+        return {"trials": trials(summary), "export_max_abs_diff": exported}
+
+
+def check_two_workers(root: Path, small: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.parallel=2",
+                      "search.batch_size=2")
+        return {"trials": trials(summary)}
+
+
+def check_deterministic(root: Path, small: bool) -> dict[str, Any]:
+    histories = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.n_trials=1",
+                          "train.deterministic=true", "export.formats=[]")
+            histories.append([{k: v for k, v in h.items() if k not in ("epoch_seconds", "samples_per_s")}
+                              for h in summary["trials"][0]["history"]])
+    return {"bitwise_equal": histories[0] == histories[1], "history": histories[0]}
+
+
+def resnet_step(device: str, batch: int, small: bool, channels_last: bool, fused: bool,
+                compile_model: bool) -> tuple[Callable[[], None], Any]:
+    """One bf16 training step of ResNet-18 on a CIFAR-shaped batch, as a closure; its optimizer."""
+    import torch
+
+    from sweeper_plugins.models import resnet18
+
+    model = resnet18(input_shape=(3, 32, 32), num_classes=10, width=8 if small else 64).to(device)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if fused else {"foreach": True}))
+    run = torch.compile(model) if compile_model else model
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(run(x), y)
+        loss.backward()
+        opt.step()
+    return step, opt
+
+
+def images_per_s(step: Callable[[], None], batch: int, device: str, steps: int) -> float:
+    import torch
+
+    for _ in range(3):  # warm-up: cuDNN autotuning, compilation
+        step()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return round(batch * steps / (time.perf_counter() - started))
+
+
+def check_throughput(device: str, small: bool) -> dict[str, Any]:
+    batches, steps = ([32], 2) if small else ([256, 512, 1024], 30)
+    out: dict[str, Any] = {}
+    for batch in batches:
+        for name, kw in {"nchw_foreach": {}, "channels_last": {"channels_last": True}, "fused": {"fused": True},
+                         "channels_last_fused": {"channels_last": True, "fused": True},
+                         "channels_last_fused_compiled": {"channels_last": True, "fused": True, "compile_model": True}
+                         }.items():
+            if small and name.endswith("compiled"):
+                continue  # compilation alone takes minutes on a CPU
+            args = {"channels_last": False, "fused": False, "compile_model": False, **kw}
+            try:
+                out[f"{name}@{batch}"] = images_per_s(resnet_step(device, batch, small, **args)[0], batch, device, steps)
+            except Exception as exc:  # e.g. fused AdamW on a device without it
+                out[f"{name}@{batch}"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def check_sync_audit(device: str, small: bool) -> dict[str, Any]:
+    import torch
+
+    if not device.startswith("cuda"):
+        return {"skipped": "no CUDA"}
+    step, _ = resnet_step(device, 32 if small else 512, small, True, True, False)
+    step()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(10):
+                step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return {"syncs_in_10_steps": len(caught), "first": [str(w.message)[:200] for w in caught[:3]]}
+
+
+def check_resumed_adamw(device: str, small: bool) -> dict[str, Any]:
+    """A trial resumed from a checkpoint: its AdamW state loaded the way sweeper loads it."""
+    import torch
+
+    from sweeper.trial import checkpoint
+
+    times = {}
+    for kind in ("fresh", "resumed"):
+        step, opt = resnet_step(device, 32 if small else 512, small, False, False, False)
+        step()
+        if kind == "resumed":
+            with tempfile.TemporaryDirectory() as tmp:
+                path = checkpoint.save(Path(tmp) / "state.pt", {"optimizer": opt.state_dict()})
+                opt.load_state_dict(checkpoint.load(path)["optimizer"])  # onto the CPU, then where the optimizer wants it
+            times["step_counter_device"] = str(next(iter(opt.state.values()))["step"].device)
+        times[f"{kind}_images_per_s"] = images_per_s(step, 32 if small else 512, device, 2 if small else 30)
+    return times
+
+
+def check_export_on_cpu(root: Path, small: bool) -> dict[str, Any]:
+    """Train on the GPU, then `sweeper export` the trial from a process that sees no GPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+        summary = cli(Path(tmp), *sweep_args(root, small), "search.n_trials=1", "export.formats=[]", env=env)
+        proc = subprocess.run([sys.executable, "-m", "sweeper", "export", summary["best"]["mlflow_run_id"],
+                               "--formats", "onnx", "--out", f"{tmp}/export"], cwd=tmp, capture_output=True,
+                              text=True, env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": ""})
+        return {"exit": proc.returncode, "trained_on": summary["trials"][0]["device"], "stderr": proc.stderr[-500:]}
+
+
+def check_ray_fraction(root: Path, small: bool) -> dict[str, Any]:
+    # without a GPU a trial reserving half of one would wait forever: the CPU smoke test reserves none
+    gpu = "0" if small else "0.5"
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.backend=ray",
+                      "search.pruner.type=asha", f"search.resources.gpu={gpu}", "search.resources.cpu=2",
+                      "export.formats=[]")
+        return {"trials": trials(summary)}
+
+
+def main() -> None:
+    small = "--cpu" in sys.argv
+    import torch
+
+    from sweeper_plugins.cifar import write_random
+
+    device = "cpu" if small or not torch.cuda.is_available() else "cuda:0"
+    report: dict[str, Any] = {"device": {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+        **({"name": torch.cuda.get_device_name(0), "memory_gib": round(torch.cuda.get_device_properties(0).total_memory
+            / 2**30, 1), "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False)}
+           if torch.cuda.is_available() else {})}}
+    saved = Path(os.environ.get("GPU_CHECK_OUT", "gpu_check.json"))
+    with tempfile.TemporaryDirectory() as data:
+        started = time.perf_counter()
+        write_random(data, per_batch=400 if small else 10_000)  # full size: 50,000 training images
+        report["data_seconds"] = round(time.perf_counter() - started, 1)
+        checks = {"sweep": lambda: check_sweep(Path(data), small),
+                  "two_workers": lambda: check_two_workers(Path(data), small),
+                  "deterministic": lambda: check_deterministic(Path(data), small),
+                  "sync_audit": lambda: check_sync_audit(device, small),
+                  "throughput": lambda: check_throughput(device, small),
+                  "resumed_adamw": lambda: check_resumed_adamw(device, small),
+                  "export_on_cpu": lambda: check_export_on_cpu(Path(data), small),
+                  "ray_fraction": lambda: check_ray_fraction(Path(data), small)}
+        for name, check in checks.items():
+            if len(sys.argv) > 1 and sys.argv[-1] not in ("--cpu", name):
+                continue  # `gpu_check.py throughput`: one check only
+            started = time.perf_counter()
+            try:
+                report[name] = check()
+            except Exception as exc:
+                report[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "where": traceback.format_exc()[-800:]}
+            report[name + "_seconds"] = round(time.perf_counter() - started, 1)
+            print(f"# {name}: {report[name + '_seconds']} s", file=sys.stderr, flush=True)
+            saved.write_text(json.dumps(report, indent=1))  # what is done so far, should a later check hang
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
