@@ -40,7 +40,7 @@ def main() -> None:
           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        verify.Reference.compute(model, data.val_x, data.val_y, Path(tmp))
+        verify.Reference.compute(model, data.inputs(data.val_x), data.val_y, Path(tmp))
         print(f"eager reference (batches 1, 33 and validation): {time.perf_counter() - started:.2f} s")
         started = time.perf_counter()
         report = export_model(model, data, Path(tmp) / "out", ExportSpec(quantize=args.quantize))

@@ -9,12 +9,14 @@ The report is also written after each check to $GPU_CHECK_OUT (default ./gpu_che
 Each check records its numbers or its error; one failing check does not stop the others.
 - device: torch, CUDA, the GPU, its memory, native bf16
 - sweep: a 2-trial x 2-epoch cifar.yaml sweep through the CLI on CIFAR-format files written here
-  (no download): each trial's device, samples/s and peak memory, export parity
+  (no download): each trial's device, samples/s and peak memory, export parity; the GPU's mean
+  utilisation during the sweep (nvidia-smi) and the trials' share of its wall time
 - two_workers: the same with search.parallel=2 on one GPU
 - deterministic: train.deterministic twice: the same history, bitwise
-- sync_audit: one epoch of training under torch.cuda.set_sync_debug_mode("warn"): syncs counted
+- sync_audit: one epoch of sweeper's own loop under torch.cuda.set_sync_debug_mode("warn"): syncs counted, by line
 - throughput: ResNet-18 on CIFAR-shaped batches (256/512/1024), bf16 autocast: NCHW vs
   channels_last, foreach vs fused AdamW, torch.compile off vs on (images/s; goal >= 60,000 on an H200)
+- compile: train.compile's first (compiling) step against a pruned trial's length, and its gain
 - resumed_adamw: step time of AdamW resumed from a checkpoint vs a fresh one (no per-step sync)
 - export_on_cpu: a checkpoint trained on the GPU exported by a process that sees no GPU
 - ray_fraction: a Ray sweep of 2 trials with search.resources.gpu 0.5 (both on the GPU at once)
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,12 +42,28 @@ CIFAR = REPO / "search_spaces" / "cifar.yaml"
 
 
 def cli(folder: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``sweeper run cifar.yaml ARGS`` in ``folder``; its summary.json."""
-    proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(CIFAR), *args, "--out", "out", "-q"],
-                          cwd=folder, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    """``sweeper run cifar.yaml ARGS`` in ``folder``; its summary.json, with the run's wall time
+    and the GPU's mean utilisation meanwhile (nvidia-smi sampled every 200 ms, if present)."""
+    sampler = None
+    if shutil.which("nvidia-smi"):
+        sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                    "-i", "0", "-lms", "200"], stdout=subprocess.PIPE, text=True)
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(CIFAR), *args, "--out", "out", "-q"],
+                              cwd=folder, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    finally:
+        wall = time.perf_counter() - started
+        samples = []
+        if sampler is not None:
+            sampler.terminate()
+            samples = [float(line) for line in sampler.communicate()[0].split() if line.strip().isdigit()]
     if proc.returncode != 0:
         raise RuntimeError(f"sweeper run exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return json.loads((folder / "out" / "summary.json").read_text())
+    summary = json.loads((folder / "out" / "summary.json").read_text())
+    summary["wall_s"] = wall
+    summary["gpu_busy_pct"] = round(sum(samples) / len(samples), 1) if samples else None
+    return summary
 
 
 def trials(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,6 +73,14 @@ def trials(summary: dict[str, Any]) -> list[dict[str, Any]]:
             for t in summary["trials"]]
 
 
+def timing(summary: dict[str, Any]) -> dict[str, Any]:
+    """How much of the sweep's wall time trained: nvidia-smi's mean utilisation (the goal: >= 90%),
+    and the trials' epoch seconds over the wall time (start-up, dry build, export included)."""
+    trained = sum(h.get("epoch_seconds", 0) for t in summary["trials"] for h in t["history"])
+    return {"wall_s": round(summary["wall_s"], 1), "gpu_busy_pct": summary["gpu_busy_pct"],
+            "training_fraction": round(trained / summary["wall_s"], 3)}
+
+
 def sweep_args(root: Path, small: bool) -> list[str]:
     size = ["dataset.args.limit=2000", "model.args.width=8", "search.space.train.batch_size={type: categorical, "
             "choices: [64, 128]}"] if small else []
@@ -60,18 +88,20 @@ def sweep_args(root: Path, small: bool) -> list[str]:
             "search.lr_finder.enabled=false", "search.pruner.type=none", "export.formats=[torchscript,onnx]", *size]
 
 
-def check_sweep(root: Path, small: bool) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false")
-        exported = {f["format"]: f.get("max_abs_diff", f.get("error")) for f in summary.get("export", {}).get("formats", [])}
-        return {"trials": trials(summary), "export_max_abs_diff": exported}
+def check_sweep(root: Path, work: Path, small: bool) -> dict[str, Any]:
+    """The sweep, tracked in MLflow (work/mlflow.db): export_on_cpu exports its best trial."""
+    folder = work / "sweep"
+    folder.mkdir(exist_ok=True)
+    summary = cli(folder, *sweep_args(root, small), env={"MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"})
+    exported = {f["format"]: f.get("max_abs_diff", f.get("error")) for f in summary.get("export", {}).get("formats", [])}
+    return {"trials": trials(summary), "export_max_abs_diff": exported, **timing(summary)}
 
 
 def check_two_workers(root: Path, small: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.parallel=2",
                       "search.batch_size=2")
-        return {"trials": trials(summary)}
+        return {"trials": trials(summary), **timing(summary)}
 
 
 def check_deterministic(root: Path, small: bool) -> dict[str, Any]:
@@ -98,7 +128,12 @@ def resnet_step(device: str, batch: int, small: bool, channels_last: bool, fused
     if channels_last:
         model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"fused": True} if fused else {"foreach": True}))
-    run = torch.compile(model) if compile_model else model
+    return bf16_step(torch.compile(model) if compile_model else model, opt, x, y, device), opt
+
+
+def bf16_step(run: Any, opt: Any, x: Any, y: Any, device: str) -> Callable[[], None]:
+    """One bf16-autocast training step of ``run`` on (x, y), as a closure."""
+    import torch
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -106,13 +141,13 @@ def resnet_step(device: str, batch: int, small: bool, channels_last: bool, fused
             loss = torch.nn.functional.cross_entropy(run(x), y)
         loss.backward()
         opt.step()
-    return step, opt
+    return step
 
 
 def images_per_s(step: Callable[[], None], batch: int, device: str, steps: int) -> float:
     import torch
 
-    for _ in range(3):  # warm-up: cuDNN autotuning, compilation
+    for _ in range(3 if device.startswith("cuda") else 1):  # warm-up: cuDNN autotuning, compilation
         step()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     sync()
@@ -124,7 +159,7 @@ def images_per_s(step: Callable[[], None], batch: int, device: str, steps: int) 
 
 
 def check_throughput(device: str, small: bool) -> dict[str, Any]:
-    batches, steps = ([32], 2) if small else ([256, 512, 1024], 30)
+    batches, steps = ([8], 1) if small else ([256, 512, 1024], 30)
     out: dict[str, Any] = {}
     for batch in batches:
         for name, kw in {"nchw_foreach": {}, "channels_last": {"channels_last": True}, "fused": {"fused": True},
@@ -141,22 +176,74 @@ def check_throughput(device: str, small: bool) -> dict[str, Any]:
     return out
 
 
-def check_sync_audit(device: str, small: bool) -> dict[str, Any]:
+def check_sync_audit(root: Path, device: str, small: bool) -> dict[str, Any]:
+    """One epoch of sweeper's own training loop (cifar.yaml's model and optimizer) under
+    torch.cuda.set_sync_debug_mode("warn"): every host-device sync counted, with where it was."""
     import torch
 
-    if not device.startswith("cuda"):
-        return {"skipped": "no CUDA"}
-    step, _ = resnet_step(device, 32 if small else 512, small, True, True, False)
-    step()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(10):
-                step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return {"syncs_in_10_steps": len(caught), "first": [str(w.message)[:200] for w in caught[:3]]}
+    from sweeper.spec import load
+    from sweeper.trial.build import TrialConfig, run_trial
+
+    cuda = device.startswith("cuda")
+    # on the CPU (--cpu) the same loop runs with nothing to audit: this code is tested before a GPU run
+    debug_mode = torch.cuda.set_sync_debug_mode if cuda else (lambda mode: None)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    spec = load(CIFAR, [f"dataset.args.root={root}", "dataset.args.download=false", "train.epochs=1",
+                        "train.batch_size=512", *(["model.args.width=8"] if small else [])])
+    marks: dict[str, int] = {}
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+
+        def start(parts: Any) -> None:  # after building (loading the data syncs, on purpose)
+            synchronize()
+            marks["from"] = len(records)
+            debug_mode("warn")
+
+        def stop(epoch: int, metrics: dict[str, float]) -> None:  # after the epoch's evaluation
+            debug_mode(0)
+            marks["to"] = len(records)
+
+        try:
+            trained = run_trial(TrialConfig(0, 1, {}, spec), stop, torch.device(device), before_fit=start)
+        finally:
+            debug_mode(0)
+    audited = records[marks["from"]:marks["to"]]
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in audited)
+    return {"device": str(trained.data.train_x.device), "syncs_in_one_epoch": len(audited),
+            "samples_per_s": round(trained.history[-1]["samples_per_s"]), "where": dict(where.most_common(8))}
+
+
+def check_compile(device: str, small: bool) -> dict[str, Any]:
+    """train.compile's cost and gain, with sweeper's own compile path: the first compiled step
+    (compilation) against a pruned trial's length (ASHA's first rung of cifar.yaml: 2 epochs of
+    45,000 images), and steady images/s compiled vs eager. --cpu: the aot_eager backend."""
+    import torch
+
+    from sweeper.trial import speed
+    from sweeper_plugins.models import cnn, resnet18
+
+    if small:
+        speed.COMPILE_BACKEND = "aot_eager"  # inductor's C++ build alone takes minutes on a CPU (and a tiny CNN)
+    batch, steps = (8, 1) if small else (512, 30)
+    out: dict[str, Any] = {"backend": speed.COMPILE_BACKEND}
+    for kind in ("eager", "compiled"):
+        built = (cnn(input_shape=(3, 32, 32), num_classes=10, channels=4, blocks=1) if small
+                 else resnet18(input_shape=(3, 32, 32), num_classes=10, width=64))
+        model = speed.to_memory_format(built.to(device), torch.device(device))
+        net = speed.compile_model(model) if kind == "compiled" else model
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **speed.optimizer_args(torch.optim.AdamW, {}, torch.device(device)))
+        x = speed.as_input(torch.randn(batch, 3, 32, 32, device=device), speed.channels_last(model, torch.device(device)))
+        step = bf16_step(net, opt, x, torch.randint(0, 10, (batch,), device=device), device)
+        started = time.perf_counter()
+        step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        out[f"{kind}_first_step_s"] = round(time.perf_counter() - started, 2)
+        out[f"{kind}_images_per_s"] = images_per_s(step, batch, device, steps)
+    pruned_trial_s = 2 * 45_000 / out["eager_images_per_s"]
+    out["pruned_trial_s_eager"] = round(pruned_trial_s, 1)
+    out["compile_s_vs_pruned_trial"] = round((out["compiled_first_step_s"] - out["eager_first_step_s"]) / pruned_trial_s, 4)
+    return out
 
 
 def check_resumed_adamw(device: str, small: bool) -> dict[str, Any]:
@@ -178,15 +265,18 @@ def check_resumed_adamw(device: str, small: bool) -> dict[str, Any]:
     return times
 
 
-def check_export_on_cpu(root: Path, small: bool) -> dict[str, Any]:
-    """Train on the GPU, then `sweeper export` the trial from a process that sees no GPU."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
-        summary = cli(Path(tmp), *sweep_args(root, small), "search.n_trials=1", "export.formats=[]", env=env)
-        proc = subprocess.run([sys.executable, "-m", "sweeper", "export", summary["best"]["mlflow_run_id"],
-                               "--formats", "onnx", "--out", f"{tmp}/export"], cwd=tmp, capture_output=True,
-                              text=True, env={**os.environ, **env, "CUDA_VISIBLE_DEVICES": ""})
-        return {"exit": proc.returncode, "trained_on": summary["trials"][0]["device"], "stderr": proc.stderr[-500:]}
+def check_export_on_cpu(root: Path, work: Path, small: bool) -> dict[str, Any]:
+    """`sweeper export` of the sweep check's best trial (trained on the GPU) by a process that
+    sees no GPU."""
+    if not (work / "sweep" / "out" / "summary.json").exists():  # `gpu_check.py export_on_cpu` alone
+        check_sweep(root, work, small)
+    summary = json.loads((work / "sweep" / "out" / "summary.json").read_text())
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "sweeper", "export", summary["best"]["mlflow_run_id"],
+                           "--formats", "onnx", "--out", str(work / "export")], cwd=work, capture_output=True,
+                          text=True, env=env)
+    best = next(t for t in summary["trials"] if t["number"] == summary["best"]["number"])
+    return {"exit": proc.returncode, "trained_on": best["device"], "stderr": proc.stderr[-500:]}
 
 
 def check_ray_fraction(root: Path, small: bool) -> dict[str, Any]:
@@ -212,17 +302,18 @@ def main() -> None:
             / 2**30, 1), "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False)}
            if torch.cuda.is_available() else {})}}
     saved = Path(os.environ.get("GPU_CHECK_OUT", "gpu_check.json"))
-    with tempfile.TemporaryDirectory() as data:
+    with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
         write_random(data, per_batch=400 if small else 10_000)  # full size: 50,000 training images
         report["data_seconds"] = round(time.perf_counter() - started, 1)
-        checks = {"sweep": lambda: check_sweep(Path(data), small),
+        checks = {"sweep": lambda: check_sweep(Path(data), Path(work), small),
                   "two_workers": lambda: check_two_workers(Path(data), small),
                   "deterministic": lambda: check_deterministic(Path(data), small),
-                  "sync_audit": lambda: check_sync_audit(device, small),
+                  "sync_audit": lambda: check_sync_audit(Path(data), device, small),
                   "throughput": lambda: check_throughput(device, small),
+                  "compile": lambda: check_compile(device, small),
                   "resumed_adamw": lambda: check_resumed_adamw(device, small),
-                  "export_on_cpu": lambda: check_export_on_cpu(Path(data), small),
+                  "export_on_cpu": lambda: check_export_on_cpu(Path(data), Path(work), small),
                   "ray_fraction": lambda: check_ray_fraction(Path(data), small)}
         for name, check in checks.items():
             if len(sys.argv) > 1 and sys.argv[-1] not in ("--cpu", name):

@@ -1,7 +1,8 @@
 """CIFAR-10 from its standard on-disk format (``cifar-10-batches-py`` under ``root``).
 
-The whole training set is held as one tensor (50,000 x 3 x 32 x 32 float32 = 614 MB) and
-augmented per batch on the training device: no DataLoader, no per-image Python work.
+The whole training set is held as one uint8 tensor (50,000 x 3 x 32 x 32 = 154 MB; float32
+would be 614 MB per process) on the training device, augmented per batch there (crop padding is
+black, as in torchvision), then normalised per batch: no DataLoader, no per-image Python work.
 The files are found, unpacked from the archive or downloaded once per sweep, before the first
 trial (sweeper calls the factory then); the pickled batches are read by a restricted unpickler.
 """
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DataSplits, Normalize
 from sweeper_plugins.datasets import split_indices
 
 try:  # numpy >= 2
@@ -164,8 +165,9 @@ def write_random(root: str | Path, per_batch: int = 20, seed: int = 0) -> Path:
 
 
 def random_crop_flip(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Standard CIFAR augmentation for a whole batch at once: random 32x32 crop from the
-    image zero-padded by PAD pixels, then a horizontal flip with probability 1/2."""
+    """Standard CIFAR augmentation for a whole batch at once (raw pixels, any dtype): random
+    32x32 crop from the image zero-padded (black) by PAD pixels, then a horizontal flip with
+    probability 1/2."""
     n, _, h, w = batch.shape
     padded = F.pad(batch, (PAD, PAD, PAD, PAD))
     dev = batch.device
@@ -190,10 +192,10 @@ def cifar10(*, root: str = "data/cifar10", download: bool = False, val_fraction:
     parts = [_read_batch(folder / name) for name in TRAIN_FILES]
     images = np.concatenate([p[0] for p in parts])[:limit]
     labels = torch.tensor([label for p in parts for label in p[1]][:limit], dtype=torch.int64)
-    x = torch.from_numpy(images).float().div_(255.0)
-    x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    x = torch.from_numpy(images)  # uint8 pixels: normalised per batch on the device
+    normalize = Normalize(1 / 255.0, MEAN, STD)
     train, val = split_indices(len(labels), val_fraction, seed)
     return DataSplits(train_x=x[train], train_y=labels[train], val_x=x[val], val_y=labels[val],
                       num_classes=10, class_names=_class_names(folder),
                       train_transform=random_crop_flip if augment else None,
-                      normalization={"scale": 1 / 255.0, "mean": list(MEAN), "std": list(STD)})
+                      input_transform=normalize, normalization=normalize.as_dict())

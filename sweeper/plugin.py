@@ -27,8 +27,8 @@ of versions); ``registry.get`` refuses a plugin whose declaration excludes
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -50,9 +50,11 @@ INJECTED = {
 @dataclass(frozen=True, eq=False)
 class DataSplits:
     """What a dataset plugin returns: whole splits as tensors (held on the training device,
-    batched by index: no per-sample Python work)."""
+    batched by index: no per-sample Python work). The ``x`` tensors hold samples as stored
+    (float32, or a compact dtype such as uint8 pixels with an ``input_transform``); ``inputs(x)``
+    makes a batch of them model inputs."""
 
-    train_x: torch.Tensor  # float32, shape (N, *input_shape)
+    train_x: torch.Tensor  # shape (N, *input_shape); float32, or any dtype input_transform reads
     train_y: torch.Tensor  # int64 class indices, shape (N,)
     val_x: torch.Tensor
     val_y: torch.Tensor
@@ -61,18 +63,55 @@ class DataSplits:
     # Batch augmentation, applied on the training device to each training batch:
     # (batch, generator) -> batch. The generator lives on the batch's device.
     train_transform: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
-    # Per-channel normalisation already applied to the tensors; exported with the model.
+    # Stored samples -> model inputs (float), applied on the training device to every batch, after
+    # train_transform (so augmentation works on raw pixels: crop padding is black, as in torchvision).
+    # None: the x tensors are model inputs already.
+    input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # The scaling and per-channel normalisation between raw samples and model inputs (applied to
+    # the tensors or by input_transform); exported with the model for its consumers.
     normalization: dict[str, list[float]] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
 
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs from a batch of stored samples (``val_x[:8]``, an augmented training batch)."""
+        return x if self.input_transform is None else self.input_transform(x)
+
     def to(self, device: torch.device) -> DataSplits:
         from dataclasses import replace
 
         return replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
                        val_x=self.val_x.to(device), val_y=self.val_y.to(device))
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """An ``input_transform`` for image-like samples stored compactly (uint8 pixels: a quarter of
+    float32's memory): ``(x * scale - mean[c]) / std[c]`` per channel (dim 1), in float32, on the
+    batch's device. ``as_dict()`` is the matching ``DataSplits.normalization``."""
+
+    scale: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    # per device: (factor, shift) with x * factor + shift == (x * scale - mean) / std
+    _constants: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.device)
+        if key not in self._constants:  # made once per device: no host-to-device copy per batch
+            import torch
+
+            mean, std = torch.tensor(self.mean), torch.tensor(self.std)
+            shape = (len(self.mean),) + (1,) * (x.ndim - 2)
+            self._constants[key] = ((self.scale / std).view(shape).to(x.device),
+                                    (-mean / std).view(shape).to(x.device))
+        factor, shift = self._constants[key]
+        return x.float() * factor + shift
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "mean": list(self.mean), "std": list(self.std)}
 
 
 # True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).

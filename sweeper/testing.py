@@ -165,8 +165,9 @@ def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed:
     _expect(isinstance(data, DataSplits), report, "returns sweeper.plugin.DataSplits", f"got {type(data).__name__}")
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        x = data.inputs(x)  # the model inputs (input_transform applied)
         _expect(x.is_floating_point() and y.dtype == torch.int64, report,
-                f"{split}_x is floating point and {split}_y int64", f"got {x.dtype} and {y.dtype}")
+                f"{split}_x gives floating-point inputs and {split}_y is int64", f"got {x.dtype} and {y.dtype}")
         _expect(x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0, report,
                 f"{split}_x is (N, *input_shape) and {split}_y is (N,) with N > 0",
                 f"got {tuple(x.shape)} and {tuple(y.shape)}")

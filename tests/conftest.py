@@ -17,6 +17,22 @@ SPACES = REPO / "search_spaces"
 TIMING = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one (README lists these tests)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run only where CUDA is available (tests/test_gpu.py)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"

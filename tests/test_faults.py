@@ -112,8 +112,9 @@ def test_a_dead_worker_says_why():
     assert "out-of-memory killer" in death(-9, None)
 
 
-def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None):
-    spec = write_spec(workdir / "spec.yaml", model={"plugin": "broken", "args": {}}, train={"epochs": 2, "batch_size": 32},
+def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None, mlflow_uri: str):
+    spec = write_spec(workdir / "spec.yaml", name="ray-breaker", model={"plugin": "broken", "args": {}},
+                      train={"epochs": 2, "batch_size": 32},
                       search={"backend": "ray", "sampler": "random", "n_trials": 8, "resources": {"cpu": 1},
                               "ray": {"num_cpus": 1, "max_concurrent_trials": 1},
                               "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1}}})
@@ -123,6 +124,14 @@ def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None):
     assert "all failed with the same error" in message and "the fused kernel failed on a batch of 32" in message
     # Tune started no trial after the third failure (one at a time): 5 of the 8 never ran
     assert "the other 5 trial(s) of the budget were not started" in message
+    # Tune never reuses the actor of a trial that raised (reuse_actors is on): each failed trial
+    # ran in a process of its own, so one that broke its CUDA context took no later trial with it
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("ray-breaker").experiment_id
+    pids = [r.data.tags["sweeper.pid"] for r in client.search_runs([experiment]) if "sweeper.ray_trial_id" in r.data.tags]
+    assert len(pids) == 3 and len(set(pids)) == 3, pids
 
 
 def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workdir: Path, faulty: None):

@@ -107,3 +107,15 @@ def test_lr_finder_needs_a_searched_lr():
     proc = sweeper("validate", str(SPACES / "smoke.yaml"), "search.lr_finder.enabled=true",
                    "search.space={model.args.hidden: {type: categorical, choices: [16]}}")
     assert proc.returncode == 2 and "lr_finder needs optimizer.args.lr in search.space" in proc.stderr
+
+
+def test_the_warm_start_gives_back_its_data_unless_trials_train_in_this_process(tmp_path: Path):
+    from sweeper.search import warm_start
+    from sweeper.trial import build
+
+    lr = "search.space.optimizer.args.lr={type: float, low: 1.0e-4, high: 1.0, log: true}"
+    for parallel, kept in ((2, False), (1, True)):  # parallel 1: the trials reuse this process's data set
+        spec = spec_mod.load(SPACES / "smoke.yaml", [lr, "search.lr_finder={enabled: true, steps: 10}",
+                                                     f"search.parallel={parallel}"])
+        warm_start.prepare(spec, tmp_path / str(parallel))
+        assert bool(build._data_cache) is kept

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from conftest import write_tiny_cifar
+from sweeper.plugin import Normalize
 from sweeper.pluginhost import registry
-from sweeper_plugins.cifar import PAD, random_crop_flip
+from sweeper_plugins.cifar import MEAN, PAD, STD, random_crop_flip
 
 
 @pytest.mark.parametrize("name, args", [("mlp", {}), ("cnn", {}), ("resnet18", {"width": 8})])
@@ -45,6 +46,22 @@ def test_cifar10_reads_the_on_disk_format(tmp_path: Path):
     assert data.class_names[0] == "airplane" and data.num_classes == 10
     assert data.train_transform is random_crop_flip
     assert data.normalization["mean"] == pytest.approx([0.4914, 0.4822, 0.4465])
+    # pixels stay uint8 (a quarter of float32's memory) and are normalised per batch on the device
+    assert data.train_x.dtype == torch.uint8 and data.train_x.is_contiguous()
+    inputs = data.inputs(data.val_x[:4])
+    mean, std = torch.tensor(MEAN)[:, None, None], torch.tensor(STD)[:, None, None]
+    torch.testing.assert_close(inputs, (data.val_x[:4].float() / 255 - mean) / std)
+
+
+def test_crop_padding_is_black_before_normalisation():
+    """torchvision's order: pad the raw image with black, then normalise (a padding of 0 after
+    normalisation would be the mean colour)."""
+    white = torch.full((64, 3, 32, 32), 255, dtype=torch.uint8)
+    cropped = random_crop_flip(white, torch.Generator().manual_seed(0))
+    assert cropped.dtype == torch.uint8 and (cropped == 0).any()  # some crops show padding
+    inputs = Normalize(1 / 255, MEAN, STD)(cropped)
+    black = (-torch.tensor(MEAN) / torch.tensor(STD))[None, :, None, None].expand_as(inputs)
+    assert torch.allclose(inputs[cropped == 0], black[cropped == 0])
 
 
 def test_cifar10_missing_files_say_what_to_do(tmp_path: Path):

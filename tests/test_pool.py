@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 from conftest import config, learned
@@ -23,6 +24,7 @@ class Calls:
     def __init__(self, prune: int | None = None, at: int = 2) -> None:
         self.log: list[tuple[str, int, int]] = []
         self.prune, self.at = prune, at
+        self.threads: set[str] = set()  # where record ran
 
     def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
         self.log.append(("decide", number, epoch))
@@ -30,6 +32,7 @@ class Calls:
 
     def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
         self.log.append(("record", number, epoch))
+        self.threads.add(threading.current_thread().name)
 
 
 def test_inline_executor_runs_one_trial_at_a_time(tmp_path: Path):
@@ -40,8 +43,13 @@ def test_inline_executor_runs_one_trial_at_a_time(tmp_path: Path):
     assert pool.slots == 0  # its result must be collected before the next trial starts
     (outcome,) = list(pool.results())
     assert outcome.state == "complete" and len(outcome.history) == 3 and pool.slots == 1
-    # each epoch: the pruning question first, then its side effects
-    assert calls.log == [(kind, 0, e) for e in (1, 2, 3) for kind in ("decide", "record")]
+    # each epoch: the pruning question first, then its side effects, written by the recording
+    # thread (the training thread goes on meanwhile), every one before the outcome is handed on
+    decided = [entry for entry in calls.log if entry[0] == "decide"]
+    recorded = [entry for entry in calls.log if entry[0] == "record"]
+    assert decided == [("decide", 0, e) for e in (1, 2, 3)] and recorded == [("record", 0, e) for e in (1, 2, 3)]
+    assert all(calls.log.index(("decide", 0, e)) < calls.log.index(("record", 0, e)) for e in (1, 2, 3))
+    assert calls.threads == {"sweeper-record_0"} and threading.current_thread().name not in calls.threads
     assert (tmp_path / "0.pt").is_file()  # the final training state
 
 

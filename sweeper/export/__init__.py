@@ -34,7 +34,7 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
     and returns the report (``out_dir/export.json``)."""
     model = model.eval().cpu()
     out_dir.mkdir(parents=True, exist_ok=True)
-    val_x = data.val_x.detach().cpu().float()
+    val_x = data.inputs(data.val_x).detach().cpu().float()  # model inputs (input_transform applied)
     example = val_x[:EXAMPLE_ROWS]
     if len(example) < 2:
         example = example.expand(2, *example.shape[1:]).clone()

@@ -35,7 +35,7 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
 
     name = spec.export.registered_name or spec.name
     client = MlflowClient(tracking_uri)
-    example = data.val_x[:EXAMPLE_ROWS].detach().cpu().float().numpy()
+    example = data.inputs(data.val_x[:EXAMPLE_ROWS]).detach().cpu().float().numpy()
     signature = ModelSignature(  # -1: any batch size
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, data.num_classes))]))

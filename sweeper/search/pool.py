@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -44,23 +45,32 @@ def executor(parallel: int, decide: Decide, record: Record) -> Executor:
 
 
 class InlineExecutor:
-    """Runs each submitted trial at once, in this process (parallel: 1)."""
+    """Runs each submitted trial at once, in this process (parallel: 1). The training thread
+    waits only for the pruning decision; each epoch's records (MLflow, storage, display) are
+    written by a recording thread, in order, meanwhile (a GPU is not left idle while they go
+    out), and all of a trial's records are written before its outcome is handed on."""
 
     def __init__(self, decide: Decide, record: Record) -> None:
         self.decide, self.record = decide, record
         self.done: list[Outcome] = []
+        self.recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-record")  # one: in order
 
     @property
     def slots(self) -> int:
         return 0 if self.done else 1  # one trial at a time: finish it before starting the next
 
     def submit(self, task: TrialConfig) -> None:
+        records: list[Future[None]] = []
+
         def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
             prune = self.decide(number, epoch, metrics)
-            self.record(number, epoch, metrics)
+            records.append(self.recorder.submit(self.record, number, epoch, metrics))
             return prune
 
-        self.done.append(execute(task, decide))
+        outcome = execute(task, decide)
+        for written in records:
+            written.result()  # raises what the recording raised
+        self.done.append(outcome)
 
     def results(self, timeout_s: float = 0.0) -> Iterator[Outcome]:
         while self.done:
@@ -74,7 +84,7 @@ class InlineExecutor:
                     f"breaks its context is replaced instead)")
 
     def close(self) -> None:
-        pass
+        self.recorder.shutdown(wait=True)
 
 
 class ProcessPool:

@@ -108,10 +108,22 @@ def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
         result = _cached(entry) or find(spec, config, device)
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
         findings.append(Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}")))
+    _release(spec)
     fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
     if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
         files.write_atomic(cache_path, json.dumps({key: fresh}, indent=1))
     return apply_policy(spec, findings)
+
+
+def _release(spec: SweepSpec) -> None:
+    """Give back what the range tests held on the device: their models and optimizers (gone by
+    now) and, unless this process trains the trials too (optuna with parallel: 1), the data set."""
+    from sweeper.trial.build import forget_data
+    from sweeper.trial.execute import release_device_memory
+
+    if spec.search.backend != "optuna" or spec.search.parallel > 1:
+        forget_data()
+    release_device_memory()
 
 
 def _read_cache(path: Path, key: str) -> dict[str, Any]:

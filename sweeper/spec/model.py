@@ -68,6 +68,9 @@ class TrainSpec(_Strict):
     cpu_threads: int | None = Field(default=None, ge=1)
     # Deterministic kernels on GPU (slower): deterministic algorithms, no cuDNN benchmark, no TF32.
     deterministic: bool = False
+    # torch.compile the model's forward: compiled once per architecture, batch size and mode in each
+    # process and reused by its later trials. Pays off for long trials (see README, "On a GPU").
+    compile: bool = False
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSpec:

@@ -16,6 +16,7 @@ from sweeper.plugin import DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import accepted_args
 from sweeper.spec import SweepSpec
+from sweeper.trial import speed
 from sweeper.trial.batching import steps_per_epoch
 from sweeper.trial.checkpoint import Resume
 from sweeper.trial.seeding import derive, seed_everything
@@ -94,6 +95,11 @@ def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
     return _data_cache[key]
 
 
+def forget_data() -> None:
+    """Drop this process's data set (its device memory goes back with the next empty_cache)."""
+    _data_cache.clear()
+
+
 def make_data(spec: SweepSpec) -> DataSplits:
     """The dataset plugin's splits as it returns them (uncached: for one look before the sweep)."""
     factory = registry.get("datasets", spec.dataset.plugin)
@@ -106,7 +112,10 @@ def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
 
 
 def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
-    return registry.get("optimizers", spec.optimizer.plugin)(model.parameters(), **spec.optimizer.args)
+    """The optimizer plugin over ``model``'s parameters; on CUDA, its fused kernels where it has them."""
+    factory = registry.get("optimizers", spec.optimizer.plugin)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return factory(model.parameters(), **speed.optimizer_args(factory, spec.optimizer.args, device))
 
 
 def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: DataSplits) -> Any:
@@ -121,7 +130,7 @@ def build(config: TrialConfig, device: torch.device) -> TrialParts:
     spec = config.spec
     seed_everything(config.seed)
     data, data_fingerprint = load_data(spec, device)
-    model = build_model(spec, data).to(device)
+    model = speed.to_memory_format(build_model(spec, data).to(device), device)
     optimizer = build_optimizer(spec, model)
     scheduler = build_schedule(spec, optimizer, data)
     return TrialParts(data, data_fingerprint, model, optimizer, scheduler)

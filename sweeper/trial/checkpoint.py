@@ -102,12 +102,24 @@ def restore(resume: Resume, *, model: torch.nn.Module, optimizer: torch.optim.Op
         optimizer.load_state_dict(state["optimizer"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
+    _match_layouts(optimizer)
     if state["scaler"]:  # empty when saved by a disabled scaler (no fp16)
         scaler.load_state_dict(state["scaler"])
     for name, gen in generators.items():
         gen.set_state(state["generators"][name].cpu())  # generator states are CPU byte tensors
     set_rng_state(state["rng"])
     return base_lrs
+
+
+def _match_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Per-parameter buffers in their parameter's memory layout: a state saved in NCHW (on the
+    CPU) resumes on CUDA in channels_last, where fused kernels want buffers laid out like params."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if (isinstance(value, torch.Tensor) and value.shape == param.shape and value.ndim == 4
+                        and value.stride() != param.stride()):
+                    optimizer.state[param][key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def _adopt(state: State, optimizer: torch.optim.Optimizer, scheduler: Any) -> list[float]:

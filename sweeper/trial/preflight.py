@@ -87,6 +87,8 @@ def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any])
     if data.train_transform is not None:
         with _blame(config, "dataset", "its train_transform on a batch", values):
             x = data.train_transform(x, torch.Generator().manual_seed(0))
+    with _blame(config, "dataset", "its input_transform on a batch", values):
+        x = data.inputs(x)
     with _blame(config, "model", f"a forward and backward pass on {n} training samples", values):
         model.train()
         out = model(x)
@@ -105,7 +107,7 @@ def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any])
     with _blame(config, "model", f"evaluating {n} validation samples", values):
         model.eval()
         with torch.inference_mode():
-            model(data.val_x[:n])
+            model(data.inputs(data.val_x[:n]))
     return warnings + _overridden(config, "schedule", optimizer, given)
 
 
@@ -140,8 +142,10 @@ def _check_splits(data: Any) -> None:
         raise TypeError(f"it returned a {type(data).__name__}, not a sweeper.plugin.DataSplits")
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
-        if not (x.is_floating_point() and y.dtype == torch.int64):
-            raise TypeError(f"{split}_x must be floating point and {split}_y int64; got {x.dtype} and {y.dtype}")
+        given = data.inputs(x[:2])
+        if not (given.is_floating_point() and y.dtype == torch.int64):
+            raise TypeError(f"{split}_x must be floating point (as stored, or after input_transform) and {split}_y "
+                            f"int64; got {given.dtype} and {y.dtype}")
         if not (x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0):
             raise ValueError(f"{split}_x must be (N, *input_shape) and {split}_y (N,) with N > 0; got "
                              f"{tuple(x.shape)} and {tuple(y.shape)}")

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from sweeper.errors import TrialFailed
 from sweeper.plugin import DataSplits
 from sweeper.spec import TrainSpec
-from sweeper.trial import checkpoint
+from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
 
 Report = Callable[[int, dict[str, float]], None]
@@ -58,6 +58,7 @@ class Stepper:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype is torch.float16)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=train.label_smoothing)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.channels_last = speed.channels_last(model, self.device)  # as build() laid the model out
         self.augment_gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # augmentation draws
 
     def step(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -70,6 +71,7 @@ class Stepper:
             x, y = data.train_x[micro], data.train_y[micro]
             if data.train_transform is not None:
                 x = data.train_transform(x, self.augment_gen)
+            x = speed.as_input(data.inputs(x), self.channels_last)
             with _autocast(self.device, self.dtype):
                 out = self.model(x)
                 loss = self.criterion(out, y)
@@ -92,7 +94,9 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         on_epoch_end: OnEpochEnd | None = None) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``)."""
-    stepper = Stepper(model, optimizer, data, train, seed)
+    # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
+    net = speed.compile_model(model) if train.compile else model
+    stepper = Stepper(net, optimizer, data, train, seed)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     order_gen = torch.Generator().manual_seed(seed)  # batch order
@@ -108,7 +112,7 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        model.train()
+        net.train()
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device, dtype=torch.int64)
         norm_sum = torch.zeros((), device=device)
@@ -127,7 +131,7 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        val_loss, val_acc = evaluate(model, data, train.eval_batch_size, stepper.dtype)
+        val_loss, val_acc = evaluate(net, data, train.eval_batch_size, stepper.dtype)
         if per_epoch_scheduler:
             scheduler.step(val_loss)
         seconds = time.perf_counter() - start
@@ -154,9 +158,10 @@ def evaluate(model: nn.Module, data: DataSplits, batch_size: int,
     loss = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.int64)
     n = data.val_x.shape[0]
+    layout = speed.channels_last(model, device)
     with torch.inference_mode(), _autocast(device, dtype):
         for part in eval_batches(n, batch_size):
-            out = model(data.val_x[part]).float()
+            out = model(speed.as_input(data.inputs(data.val_x[part]), layout)).float()
             loss += F.cross_entropy(out, data.val_y[part], reduction="sum")
             correct += (out.argmax(1) == data.val_y[part]).sum()
     val_loss = loss.item() / n

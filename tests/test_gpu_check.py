@@ -1,0 +1,37 @@
+"""benchmarks/gpu_check.py --cpu: every check of the GPU script, tiny, on the CPU, so that the
+script works the first time a GPU is at hand (GPU time is rare). It prints one JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu"], capture_output=True,
+                          text=True, timeout=1800, env={**os.environ, "GPU_CHECK_OUT": str(workdir / "report.json")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    print(json.dumps(report, indent=1))  # the report, in the test's output
+    assert report == json.loads((workdir / "report.json").read_text())  # saved as it went
+    checks = ("sweep", "two_workers", "deterministic", "sync_audit", "throughput", "compile", "resumed_adamw",
+              "export_on_cpu", "ray_fraction")
+    for name in checks:
+        assert "error" not in report[name], (name, report[name])
+    for name in ("sweep", "two_workers", "ray_fraction"):
+        assert [t["state"] for t in report[name]["trials"]] == ["complete", "complete"], report[name]
+        assert all(t["device"] == "cpu" and min(t["samples_per_s"]) > 0 for t in report[name]["trials"])
+    sweep = report["sweep"]
+    assert set(sweep["export_max_abs_diff"]) == {"torchscript", "onnx"}
+    assert all(diff <= 1e-4 for diff in sweep["export_max_abs_diff"].values())
+    assert 0 < sweep["training_fraction"] < 1 and sweep["gpu_busy_pct"] is None  # no nvidia-smi here
+    assert report["deterministic"]["bitwise_equal"] is True
+    assert report["sync_audit"]["device"] == "cpu" and report["sync_audit"]["samples_per_s"] > 0
+    assert all(isinstance(v, int) and v > 0 for v in report["throughput"].values()), report["throughput"]
+    assert report["compile"]["compiled_images_per_s"] > 0 and report["compile"]["backend"] == "aot_eager"
+    assert report["resumed_adamw"]["step_counter_device"] == "cpu"
+    assert report["export_on_cpu"]["exit"] == 0 and report["export_on_cpu"]["trained_on"] == "cpu"
