@@ -30,21 +30,28 @@ def healthy(url: str) -> bool:
 
 
 class MlflowServer:
-    """``mlflow server`` with a sqlite backend store and proxied artifacts under ``folder``."""
+    """``mlflow server`` with proxied artifacts; by default a sqlite backend store and the
+    artifacts under ``folder``. ``backend`` and ``artifacts`` name others (PostgreSQL, s3://),
+    ``args`` adds options (``--app-name basic-auth``), ``env`` sets the server's environment."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, backend: str | None = None, artifacts: str | None = None,
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.folder, self.port = folder, free_port()
         self.url, self.log = f"http://127.0.0.1:{self.port}", folder / "server.log"
+        self.backend = backend or f"sqlite:///{folder / 'store.db'}"
+        self.artifacts = artifacts or str(folder / "artifacts")
+        self.args, self.env = args, env or {}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # GenAI job runners: processes sweeper never uses
+        env.update(self.env)
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder / 'store.db'}",
-                 "--artifacts-destination", str(self.folder / "artifacts")],
+                 "--workers", "1", "--backend-store-uri", self.backend, "--artifacts-destination", self.artifacts,
+                 *self.args],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             wait_for(lambda: healthy(self.url), self.proc, timeout=300, what="the MLflow server's /health answering")

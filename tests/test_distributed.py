@@ -32,7 +32,15 @@ def finish(proc: subprocess.Popen, workdir: Path, log: str = "proc") -> None:
 
 
 def trials(url: str, name: str = "smoke") -> list[optuna.trial.FrozenTrial]:
-    return optuna.load_study(study_name=name, storage=url).trials
+    """The study's trials, read without keeping a connection: tests poll this, and a pooled
+    engine per call would hold PostgreSQL connections until the server has none left."""
+    from sqlalchemy.pool import NullPool
+
+    storage = optuna.storages.RDBStorage(url, engine_kwargs={"poolclass": NullPool})
+    try:
+        return optuna.load_study(study_name=name, storage=storage).trials
+    finally:
+        storage.engine.dispose()
 
 
 def count(url: str, *states: str) -> int:

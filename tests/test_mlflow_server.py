@@ -18,7 +18,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import optuna
 import pytest
 import requests
 from mlflow.tracking import MlflowClient
@@ -26,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from conftest import children, sweeper, wait_for, write_spec
 from mlflow_server import free_port, healthy
 from pg import pg_database
+from test_distributed import trials as study_trials
 
 ADMIN, ADMIN_PASSWORD = "admin", "admin-" + secrets.token_hex(8)  # >= 12 characters: MLflow requires it
 # A sweeper user, not the admin: the rights of an ordinary account. Random, so that finding it
@@ -115,7 +115,7 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
         def completed() -> int:
-            return sum(t.state.name == "COMPLETE" for t in optuna.load_study(study_name="smoke", storage=storage).trials)
+            return sum(t.state.name == "COMPLETE" for t in study_trials(storage))
 
         procs = {"worker": serve("worker")}
         wait_for(lambda: (gate / "blocked").exists(), procs["worker"], what="the worker holding trial 0")
@@ -124,7 +124,7 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
         (gate / "release").touch()
         outputs = {role: p.communicate(timeout=600)[0] for role, p in procs.items()}
         assert all(p.returncode == 0 for p in procs.values()), outputs
-        owners = {t.system_attrs["sweeper_owner"] for t in optuna.load_study(study_name="smoke", storage=storage).trials}
+        owners = {t.system_attrs["sweeper_owner"] for t in study_trials(storage)}
     assert len(owners) == 2 and not leaks("".join(outputs.values())) and "Traceback" not in "".join(outputs.values())
     tmp_out = [tmp_path / "worker", tmp_path / "run"]
 
