@@ -1,0 +1,288 @@
+"""Fused trials: several trials of one architecture trained as one model on one device.
+
+Each member is built exactly as its solo trial is (seeded, from the plugins: its own model, optimizer
+and schedule), then its parameters and buffers become views into stacked tensors of shape
+(members, ...). A step runs the forward and backward of every member at once (``torch.func``:
+``vmap`` over ``grad`` of a ``functional_call``), writes each member's gradients into its own
+parameters' ``.grad`` (views too), and steps each member's own optimizer and schedule: the update
+math is torch's own, per member, so a member follows its solo run up to float rounding
+(tests/test_fused.py states the measured difference).
+
+What stays each member's own: initialisation (its seed), batch order and augmentation draws (its
+generators), learning rate, weight decay, momentum/betas and any other optimizer setting, LR
+schedule, label smoothing, gradient clipping, BatchNorm statistics, its per-epoch metrics and its
+non-finite guard (a member whose loss is not finite fails alone; a pruned member leaves and the
+others go on). Dropout masks are drawn per member (``randomness="different"``) but not from the
+solo run's stream: members with dropout match their solo run in distribution, not bitwise.
+
+Pure PyTorch like the trainer: no optuna, mlflow or ray here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional as F
+
+from sweeper.errors import TrialFailed, TrialPruned
+from sweeper.trial.batching import eval_batches, steps_per_epoch
+from sweeper.trial.build import TrialConfig, TrialParts, build
+from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
+
+# report(member index, epoch, metrics): may raise TrialPruned for that member only
+MemberReport = Callable[[int, int, dict[str, float]], None]
+# Settings every member of a group must share: they fix the shapes and the sequence of steps.
+SHARED = ("batch_size", "accumulate", "epochs", "eval_batch_size", "precision", "device", "deterministic")
+
+
+@dataclass
+class Member:
+    """One trial inside a fused group: its built parts, generators and progress."""
+
+    config: TrialConfig
+    parts: TrialParts
+    order: torch.Generator  # batch order (CPU), as the solo trainer's
+    augment: torch.Generator  # augmentation draws, on the device
+    history: list[dict[str, float]] = field(default_factory=list)
+    state: str = "running"  # running | complete | pruned | failed
+    reason: str | None = None
+
+
+def why_not_fused(configs: list[TrialConfig]) -> str | None:
+    """None if these trials can train as one fused model; else the reason (for the log)."""
+    first = configs[0].spec
+    for config in configs[1:]:
+        spec = config.spec
+        for name in SHARED:
+            if getattr(spec.train, name) != getattr(first.train, name):
+                return f"train.{name} differs ({getattr(first.train, name)!r} vs {getattr(spec.train, name)!r})"
+        if spec.dataset != first.dataset:
+            return "the data set differs"
+        if spec.model != first.model:
+            return "the model differs (plugin or architecture arguments: other shapes)"
+    if first.train.compile:
+        return "train.compile is on (a fused model is compiled as a whole, not per trial)"
+    device = resolve_device(first.train.device)
+    if amp_dtype(device, first.train.precision) is torch.float16:
+        return "fp16 needs a loss scaler per member (not done yet; bf16 and fp32 fuse)"
+    return None
+
+
+def _architecture(model: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    return [(n, tuple(t.shape), t.dtype) for n, t in [*model.named_parameters(), *model.named_buffers()]]
+
+
+class FusedGroup:
+    """The members' stacked parameters and buffers, and the members' views into them."""
+
+    def __init__(self, members: list[Member]) -> None:
+        shapes = {repr(_architecture(m.parts.model)) for m in members}
+        if len(shapes) != 1:
+            raise ValueError("fused members must have the same parameter and buffer shapes")
+        self.members = members
+        self.template = copy.deepcopy(members[0].parts.model).to("meta")  # structure only
+        self.restack()
+
+    @property
+    def active(self) -> list[Member]:
+        return [m for m in self.members if m.state == "running"]
+
+    def restack(self) -> None:
+        """Stack the running members' tensors and point each member's parameters and buffers at
+        its slice (again after a member left)."""
+        active = self.active
+        models = [m.parts.model for m in active]
+        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+                       for n, _ in models[0].named_parameters()}
+        self.buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in models])
+                        for n, _ in models[0].named_buffers()}
+        for k, model in enumerate(models):
+            for name, param in model.named_parameters():
+                param.data = self.params[name][k]
+            for name, _ in model.named_buffers():
+                module, _, attr = name.rpartition(".")
+                model.get_submodule(module)._buffers[attr] = self.buffers[name][k]
+
+    def release(self) -> None:
+        """Give each member's model storage of its own (the fused tensors go)."""
+        for member in self.members:
+            model = member.parts.model
+            for param in model.parameters():
+                param.data = param.data.clone()
+            for name, buffer in list(model.named_buffers()):
+                module, _, attr = name.rpartition(".")
+                model.get_submodule(module)._buffers[attr] = buffer.clone()
+
+
+def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberReport) -> list[Member]:
+    """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
+    the members with their history and end state. Each member's model keeps its weights."""
+    reason = why_not_fused(configs)
+    if reason is not None:
+        raise ValueError(f"these trials cannot be fused: {reason}")
+    members = []
+    for config in configs:  # each built exactly as its solo trial is
+        parts = build(config, device)
+        members.append(Member(config, parts, torch.Generator().manual_seed(config.seed),
+                              torch.Generator(device=device).manual_seed(config.seed + 1)))
+    group = FusedGroup(members)
+    train = configs[0].spec.train
+    data = members[0].parts.data
+    smoothing = [m.config.spec.train.label_smoothing for m in members]
+    criterion = _criterion(smoothing)
+    try:
+        for epoch in range(1, train.epochs + 1):
+            if not group.active:
+                break
+            _epoch(group, epoch, criterion, report)
+    finally:
+        group.release()
+    for member in members:
+        if member.state == "running":
+            member.state = "complete"
+    return members
+
+
+def _criterion(smoothing: list[float]) -> Callable[..., torch.Tensor]:
+    """Cross-entropy with each member's label smoothing: torch's own when all share one value."""
+    if len(set(smoothing)) == 1:
+        return lambda out, y, eps: F.cross_entropy(out, y, label_smoothing=smoothing[0])
+
+    def smoothed(out: torch.Tensor, y: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(out, dim=-1)
+        nll = -logp.gather(-1, y[:, None]).mean()
+        return (1 - eps) * nll + eps * (-logp.mean(-1)).mean()
+    return smoothed
+
+
+def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor], report: MemberReport) -> None:
+    members = group.active
+    first = members[0]
+    data, train = first.parts.data, first.config.spec.train
+    device = data.train_x.device
+    start = time.perf_counter()
+    template = group.template.train()
+    dtype = amp_dtype(device, train.precision)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def loss_of(params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor,
+                weight: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        with autocast:  # as the solo trainer: the forward and the loss under autocast (bf16 on CUDA)
+            out = functional_call(template, (params, buffers), (x,))
+            loss = criterion(out, y, eps)
+        return loss * weight, (loss.detach(), (out.argmax(-1) == y).sum())
+
+    step_fn = vmap(grad_and_value(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0, None), randomness="different")
+    n = data.train_x.shape[0]
+    orders = {id(m): torch.randperm(n, generator=m.order).to(device) for m in members}  # as the solo trainer draws
+    per_member = {id(m): {"loss": 0.0, "correct": 0, "norm": 0.0} for m in members}
+    steps = steps_per_epoch(data, train.batch_size)
+    seen = 0
+    for step in range(steps):
+        members = group.active
+        if not members:
+            return
+        batch = torch.stack([orders[id(m)][step * train.batch_size:(step + 1) * train.batch_size] for m in members])
+        for m in members:
+            m.parts.optimizer.zero_grad(set_to_none=True)
+        grads_sum: dict[str, torch.Tensor] | None = None
+        losses = torch.zeros(len(members), device=device)
+        correct = torch.zeros(len(members), device=device, dtype=torch.int64)
+        eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
+        for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
+            x = data.train_x[micro]
+            if data.train_transform is not None:
+                x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
+            x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
+            grads, (_, (loss, right)) = step_fn(group.params, group.buffers, x, data.train_y[micro], eps,
+                                                micro.shape[1] / batch.shape[1])
+            grads_sum = grads if grads_sum is None else {k: grads_sum[k] + grads[k] for k in grads}
+            losses += loss.float() * micro.shape[1]
+            correct += right
+        seen += batch.shape[1]
+        for k, m in enumerate(members):
+            model, optimizer, scheduler = m.parts.model, m.parts.optimizer, m.parts.scheduler
+            for name, param in model.named_parameters():
+                param.grad = grads_sum[name][k]
+            params = [p for p in model.parameters() if p.requires_grad]
+            clip = m.config.spec.train.grad_clip
+            norm = nn.utils.clip_grad_norm_(params, clip) if clip is not None else \
+                nn.utils.get_total_norm([p.grad for p in params])
+            optimizer.step()
+            if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
+            totals = per_member[id(m)]
+            totals["loss"] += losses[k]
+            totals["correct"] += correct[k]
+            totals["norm"] += norm.float()
+        if device.type == "cpu" or (step + 1) % FINITE_CHECK_EVERY == 0:
+            _fail_non_finite(group, per_member, epoch, step + 1)
+    _fail_non_finite(group, per_member, epoch, steps)
+    _evaluate_and_report(group, epoch, per_member, seen, steps, time.perf_counter() - start, report)
+
+
+def _fail_non_finite(group: FusedGroup, per_member: dict[int, dict[str, Any]], epoch: int, step: int) -> None:
+    """A member whose summed loss is not finite fails; the others go on without it."""
+    gone = False
+    for member in group.active:
+        if not math.isfinite(float(per_member[id(member)]["loss"])):
+            member.state, member.reason = "failed", f"non-finite loss at epoch {epoch}, step {step}"
+            gone = True
+    if gone and group.active:
+        group.restack()
+
+
+def _evaluate_and_report(group: FusedGroup, epoch: int, per_member: dict[int, dict[str, Any]], seen: int,
+                         steps: int, seconds_train: float, report: MemberReport) -> None:
+    members = group.active
+    if not members:
+        return
+    started = time.perf_counter()
+    data, train = members[0].parts.data, members[0].config.spec.train
+    template = group.template.eval()
+    n = data.val_x.shape[0]
+    forward = vmap(lambda p, b, x: functional_call(template, (p, b), (x,)), in_dims=(0, 0, None))
+    loss = torch.zeros(len(members), device=data.val_x.device)
+    correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
+    dtype = amp_dtype(data.val_x.device, train.precision)
+    autocast = torch.autocast(data.val_x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    with torch.inference_mode(), autocast:
+        for part in eval_batches(n, train.eval_batch_size):
+            out = forward(group.params, group.buffers, data.inputs(data.val_x[part])).float()
+            y = data.val_y[part]
+            for k in range(len(members)):
+                loss[k] += F.cross_entropy(out[k], y, reduction="sum")
+                correct[k] += (out[k].argmax(1) == y).sum()
+    seconds = seconds_train + time.perf_counter() - started
+    left = False
+    for k, member in enumerate(members):
+        totals = per_member[id(member)]
+        val_loss = loss[k].item() / n
+        if not math.isfinite(val_loss):
+            member.state, member.reason, left = "failed", "non-finite loss on the validation split", True
+            continue
+        scheduler = member.parts.scheduler
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step(val_loss)
+        metrics = {"train_loss": float(totals["loss"]) / seen, "train_acc": int(totals["correct"]) / seen,
+                   "val_loss": val_loss, "val_acc": correct[k].item() / n,
+                   "lr": member.parts.optimizer.param_groups[0]["lr"], "grad_norm": float(totals["norm"]) / steps,
+                   "epoch_seconds": seconds, "samples_per_s": seen / seconds}
+        member.history.append(metrics)
+        try:
+            report(group.members.index(member), epoch, metrics)
+        except TrialPruned as exc:
+            member.state, member.reason, left = "pruned", str(exc), True
+        except TrialFailed as exc:
+            member.state, member.reason, left = "failed", str(exc), True
+    if left and group.active:
+        group.restack()
