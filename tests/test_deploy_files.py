@@ -291,10 +291,14 @@ def test_kustomization_lists_every_manifest_and_names_the_kubernetes_version():
 # --- Ray ---------------------------------------------------------------------------------------
 
 def test_ray_cluster_launcher_config_passes_rays_validator():
-    from ray.autoscaler._private.util import prepare_config, validate_config
-
+    # what `ray up` does before it touches a machine; in a subprocess: importing ray here would fix
+    # this process's Ray auth mode before tests/test_ray.py sets its token (Ray reads it once)
+    check = ("import sys, yaml\nfrom ray.autoscaler._private.util import prepare_config, validate_config\n"
+             "validate_config(prepare_config(yaml.safe_load(open(sys.argv[1]))))\n")
+    result = subprocess.run([sys.executable, "-c", check, str(DEPLOY / "ray" / "cluster.yaml")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
     config = yaml.safe_load((DEPLOY / "ray" / "cluster.yaml").read_text())
-    validate_config(prepare_config(config))  # what `ray up` does before it touches a machine
     head = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host 127.0.0.1" in head
     setup = " ".join(config["setup_commands"])
