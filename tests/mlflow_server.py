@@ -29,6 +29,18 @@ def healthy(url: str) -> bool:
         return False
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM a process started with start_new_session and its children; SIGKILL after 60 s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class MlflowServer:
     """``mlflow server`` with proxied artifacts; by default a sqlite backend store and the
     artifacts under ``folder``. ``backend`` and ``artifacts`` name others (PostgreSQL, s3://),
@@ -61,11 +73,6 @@ class MlflowServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc)
         self.proc = None
         wait_for(lambda: not healthy(self.url), timeout=60, what="the MLflow server's port closing")

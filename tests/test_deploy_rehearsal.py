@@ -23,7 +23,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from conftest import children, wait_for
-from mlflow_server import MlflowServer, free_port
+from mlflow_server import MlflowServer, free_port, stop_group
 from pg import pg_database
 from test_distributed import count, finish, gated, start, trials
 
@@ -69,13 +69,8 @@ def serve(workdir: Path, name: str, *command: str, env: dict[str, str] | None = 
 
 def stop(*procs: subprocess.Popen | None) -> None:
     for proc in procs:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, 15)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
+        if proc is not None:
+            stop_group(proc)
 
 
 @pytest.fixture

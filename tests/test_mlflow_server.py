@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from conftest import children, sweeper, wait_for, write_spec
-from mlflow_server import free_port, healthy
+from mlflow_server import free_port, healthy, stop_group
 from pg import pg_database
 from test_distributed import trials as study_trials
 
@@ -80,12 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
             running.admin("POST", "2.0/mlflow/users/create", username=USER, password=PASSWORD)
             yield running
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
 
 
 def login(monkeypatch: pytest.MonkeyPatch, server: Server, password: str) -> None:

@@ -34,6 +34,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
+from sweeper.trial import speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import TrialConfig, TrialParts, build
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
@@ -77,15 +78,11 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
     return None
 
 
-def _architecture(model: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    return [(n, tuple(t.shape), t.dtype) for n, t in [*model.named_parameters(), *model.named_buffers()]]
-
-
 class FusedGroup:
     """The members' stacked parameters and buffers, and the members' views into them."""
 
     def __init__(self, members: list[Member]) -> None:
-        shapes = {repr(_architecture(m.parts.model)) for m in members}
+        shapes = {speed.architecture(m.parts.model) for m in members}  # what a compiled forward keys on too
         if len(shapes) != 1:
             raise ValueError("fused members must have the same parameter and buffer shapes")
         self.members = members

@@ -5,6 +5,7 @@ comparable with earlier ones (the reproducibility tests compare CPU runs)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -105,8 +106,6 @@ def architecture(model: nn.Module) -> str:
 def compile_model(model: nn.Module) -> nn.Module:
     """``model`` with a compiled forward (``train.compile``): compiled on first use per
     architecture, batch size and train/eval mode, then reused by every trial of the process."""
-    import copy
-
     key = architecture(model)
     if key not in _compiled:
         if len(_compiled) >= COMPILED_KEEP:
