@@ -20,6 +20,10 @@ Each check records its numbers or its error; one failing check does not stop the
 - resumed_adamw: step time of AdamW resumed from a checkpoint vs a fresh one (no per-step sync)
 - export_on_cpu: a checkpoint trained on the GPU exported by a process that sees no GPU
 - ray_fraction: a Ray sweep of 2 trials with search.resources.gpu 0.5 (both on the GPU at once)
+- fused: digits.yaml through the CLI, end to end (start-up, orchestration, MLflow off): N trials
+  fused (search.fuse) at N = 256 and 1024 vs the same sweep solo, trials per hour (goals: >= 50x,
+  >= 100,000 trials per H200-hour); and an airbench-sized CNN (cnn, 64 channels, 3 blocks) on
+  CIFAR-shaped data, 8 trials fused vs one after another (the engine alone)
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO / "search_spaces" / "cifar.yaml"
 
 
-def cli(folder: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``sweeper run cifar.yaml ARGS`` in ``folder``; its summary.json, with the run's wall time
+def cli(folder: Path, *args: str, env: dict[str, str] | None = None, spec: Path = CIFAR) -> dict[str, Any]:
+    """``sweeper run SPEC ARGS`` in ``folder``; its summary.json, with the run's wall time
     and the GPU's mean utilisation meanwhile (nvidia-smi sampled every 200 ms, if present)."""
     sampler = None
     if shutil.which("nvidia-smi"):
@@ -50,7 +54,7 @@ def cli(folder: Path, *args: str, env: dict[str, str] | None = None) -> dict[str
                                     "-i", "0", "-lms", "200"], stdout=subprocess.PIPE, text=True)
     started = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(CIFAR), *args, "--out", "out", "-q"],
+        proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"],
                               cwd=folder, capture_output=True, text=True, env={**os.environ, **(env or {})})
     finally:
         wall = time.perf_counter() - started
@@ -248,8 +252,6 @@ def check_compile(device: str, small: bool) -> dict[str, Any]:
 
 def check_resumed_adamw(device: str, small: bool) -> dict[str, Any]:
     """A trial resumed from a checkpoint: its AdamW state loaded the way sweeper loads it."""
-    import torch
-
     from sweeper.trial import checkpoint
 
     times = {}
@@ -289,6 +291,68 @@ def check_ray_fraction(root: Path, small: bool) -> dict[str, Any]:
         return {"trials": trials(summary)}
 
 
+def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
+    """Fused trials: digits sweeps through the CLI (solo vs fused, trials per hour end to end),
+    then the airbench-sized CNN at N = 8 with the fused engine alone vs one trial after another."""
+    import torch
+
+    from sweeper.spec import load
+    from sweeper.trial.build import TrialConfig, load_data, run_trial
+    from sweeper.trial.fused import fit_fused
+
+    digits = REPO / "search_spaces" / "digits.yaml"
+    common = ["search.sampler=random", "search.pruner.type=none", "search.lr_finder.enabled=false",
+              "tracking.enabled=false", "export.formats=[]", "search.parallel=1", "train.epochs=3",
+              f"train.device={'cpu' if small else 'auto'}"]
+    out: dict[str, Any] = {}
+    walls = {}
+    # solo at two sizes: its fixed cost and the cost of one more trial, for the same N as fused
+    # (on the GPU, 1024 solo trials would take most of an hour)
+    for solo_n in (8, 16) if small else (8, 32):
+        with tempfile.TemporaryDirectory() as tmp:
+            walls[solo_n] = cli(Path(tmp), *common, f"search.n_trials={solo_n}", f"search.batch_size={solo_n}",
+                                "search.fuse=off", spec=digits)["wall_s"]
+    (a, wall_a), (b, wall_b) = sorted(walls.items())
+    per_trial = (wall_b - wall_a) / (b - a)
+    fixed = wall_a - a * per_trial
+    out["digits_solo"] = {"wall_s": {str(k): round(v, 1) for k, v in walls.items()}, "fixed_s": round(fixed, 1),
+                          "per_trial_s": round(per_trial, 3)}
+    for n in (8, 16) if small else (256, 1024):
+        with tempfile.TemporaryDirectory() as tmp:
+            fused = cli(Path(tmp), *common, f"search.n_trials={n}", f"search.batch_size={n}", f"search.fuse={n}",
+                        spec=digits)
+        rate = n * 3600 / fused["wall_s"]
+        solo_rate = n * 3600 / (fixed + n * per_trial)  # the same N trials solo, from the two solo sweeps
+        out[f"digits_fused_{n}"] = {
+            "wall_s": round(fused["wall_s"], 1), "trials_per_hour": round(rate),
+            "solo_trials_per_hour": round(solo_rate), "ratio_to_solo": round(rate / solo_rate, 2),
+            "gpu_busy_pct": fused["gpu_busy_pct"], "counts": fused["counts"],
+            "fused_models": len({tuple(t["fused_with"]) for t in fused["trials"] if t["fused_with"]}),
+            "best_val_acc": max((t["value"] or 0) for t in fused["trials"])}
+    # the airbench-sized net: the engine alone, one epoch of CIFAR-shaped data per trial
+    limit, channels, blocks, n, batch = (400, 4, 1, 4, 64) if small else (10_000, 64, 3, 8, 512)
+    configs = []
+    for number in range(n):
+        spec = load(CIFAR, [f"dataset.args.root={root}", "dataset.args.download=false", f"dataset.args.limit={limit}",
+                            f"model={{plugin: cnn, args: {{channels: {channels}, blocks: {blocks}}}}}",
+                            "train.epochs=1", f"train.batch_size={batch}", "search.space={}", f"train.device={device.split(':')[0]}",
+                            f"optimizer.args.lr={0.02 * (number + 1)}"])
+        configs.append(TrialConfig(number, 1000 + number, {}, spec))
+    dev = torch.device(device)
+    load_data(configs[0].spec, dev)
+    run_trial(configs[0], lambda epoch, metrics: None, dev)  # warm: first calls out of the timing
+    started = time.perf_counter()
+    for config in configs:
+        run_trial(config, lambda epoch, metrics: None, dev)
+    solo_s = time.perf_counter() - started
+    started = time.perf_counter()
+    fit_fused(configs, dev, lambda k, epoch, metrics: None)
+    fused_s = time.perf_counter() - started
+    out["airbench_sized"] = {"members": n, "channels": channels, "blocks": blocks, "train_images": limit,
+                             "solo_s": round(solo_s, 1), "fused_s": round(fused_s, 1), "ratio": round(solo_s / fused_s, 2)}
+    return out
+
+
 def main() -> None:
     small = "--cpu" in sys.argv
     import torch
@@ -314,7 +378,8 @@ def main() -> None:
                   "compile": lambda: check_compile(device, small),
                   "resumed_adamw": lambda: check_resumed_adamw(device, small),
                   "export_on_cpu": lambda: check_export_on_cpu(Path(data), Path(work), small),
-                  "ray_fraction": lambda: check_ray_fraction(Path(data), small)}
+                  "ray_fraction": lambda: check_ray_fraction(Path(data), small),
+                  "fused": lambda: check_fused(Path(data), device, small)}
         for name, check in checks.items():
             if len(sys.argv) > 1 and sys.argv[-1] not in ("--cpu", name):
                 continue  # `gpu_check.py throughput`: one check only

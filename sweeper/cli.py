@@ -238,7 +238,9 @@ def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a n
         out.print(f"[yellow]warning:[/] {warning}")
     how = "bitwise" if report.tolerance == 0 else f"within relative {report.tolerance:g}"
     if report.matches:
-        out.print(f"[green]trial {report.number} reproduced[/]: {report.epochs} epoch(s), every metric equal {how}")
+        largest = f" (largest relative difference {report.max_difference:.2g})" if report.tolerance else ""
+        out.print(f"[green]trial {report.number} reproduced[/]: {report.epochs} epoch(s), every metric equal "
+                  f"{how}{largest}")
         return
     table = Table("epoch", "metric", "recorded", "replayed", title=f"trial {report.number}: metrics differ ({how})")
     for epoch, metric, old, new in report.mismatches[:40]:

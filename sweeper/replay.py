@@ -19,6 +19,9 @@ from sweeper.trial.seeding import derive
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
 UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
 GPU_RTOL = 1e-3  # relative tolerance on CUDA without train.deterministic (kernel choice varies)
+# A fused trial (trained with others as one model) replays solo: batched kernels round differently.
+# fp32 on the CPU measured at most 2.2e-7 relative (tests/test_fused.py); this bounds it.
+FUSED_RTOL = 1e-5
 
 
 @dataclass
@@ -27,6 +30,7 @@ class ReplayReport:
     number: int
     epochs: int
     tolerance: float  # relative; 0.0 means bitwise
+    max_difference: float = 0.0  # the largest relative difference between recorded and replayed metrics
     mismatches: list[tuple[int, str, float, float]] = field(default_factory=list)  # epoch, metric, recorded, replayed
     warnings: list[str] = field(default_factory=list)
     state: str = ""
@@ -49,7 +53,10 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
                for key in run.data.metrics if key not in UNREPRODUCIBLE}
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
-    report = ReplayReport(run_id, record.number, epochs, GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0)
+    tolerance = GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0
+    if f"{TAG}fused_with" in tags:  # trained fused, replayed solo
+        tolerance = max(tolerance, FUSED_RTOL)
+    report = ReplayReport(run_id, record.number, epochs, tolerance)
 
     for kind_name, version in provenance(spec).items():
         if record.plugins.get(kind_name) != version:
@@ -78,6 +85,8 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
         for metric, values in history.items():
             old = values[epoch - 1] if epoch <= len(values) else math.nan
             new = outcome.history[epoch - 1].get(metric, math.nan) if epoch <= len(outcome.history) else math.nan
+            if math.isfinite(old) and math.isfinite(new) and old != new:
+                report.max_difference = max(report.max_difference, abs(old - new) / max(abs(old), abs(new)))
             if not _same(old, new, report.tolerance):
                 report.mismatches.append((epoch, metric, old, new))
     return report

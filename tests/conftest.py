@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,18 @@ def gate(site: Path, tmp_path: Path) -> Path:
 
     registry.refresh()
     return tmp_path / "gate"
+
+
+def kill_at_gate(gate: Path, *args: str, what: str = "") -> None:
+    """Run ``sweeper ARGS`` until a trial reaches its gate (the gate plugin writes gate/blocked),
+    then SIGKILL it: no chance to clean up, like a crash or an OOM kill."""
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (gate / "blocked").exists(), proc, what=what or "a trial reaching its gate")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 300, what: str = "") -> None:

@@ -25,9 +25,11 @@ class LoopbackCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard_port = free_port() if dashboard else None
-        # token authentication on, with a token of this cluster's own (not ~/.ray/auth_token)
+        # token authentication on, with a token of this cluster's own (not ~/.ray/auth_token); trial
+        # workers at normal priority, as sweeper's own local Ray (search/ray/cluster.py: Ray's default
+        # niceness 15 starves them whenever the machine is loaded)
         self.env = {**os.environ, "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+                    "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_worker_niceness": "0"}
         self.logs = workdir / "ray-nodes"
         self.logs.mkdir(exist_ok=True)
         self.procs: list[subprocess.Popen] = []

@@ -36,13 +36,15 @@ class Scripted:
     def __init__(self, coordinator: Coordinator, slots: int, reverse: bool) -> None:
         self.coordinator, self.capacity, self.reverse = coordinator, slots, reverse
         self.running: list[TrialConfig] = []
+        self.tasks: list[list[int]] = []  # the trial numbers of each task, as submitted
 
     @property
     def slots(self) -> int:
         return self.capacity - len(self.running)
 
-    def submit(self, task: TrialConfig) -> None:
-        self.running.append(task)
+    def submit(self, task: list[TrialConfig]) -> None:
+        self.tasks.append([config.number for config in task])
+        self.running.extend(task)
 
     def results(self, timeout_s: float = 0.0):
         order, self.running = (self.running[::-1] if self.reverse else self.running), []
@@ -91,8 +93,10 @@ def sweep(tmp_path: Path, *overrides: str, slots: int = 1, reverse: bool = False
     ctx = SearchContext(tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events, store,
                         enqueue=warm)
     coordinator = Coordinator(spec, store.study, store.ledger, store.heartbeat, ctx)
-    coordinator.run(Scripted(coordinator, slots, reverse))
+    executor = Scripted(coordinator, slots, reverse)
+    coordinator.run(executor)
     store.close()
+    events.tasks = executor.tasks
     return coordinator, events
 
 
@@ -171,3 +175,19 @@ def test_beaten_checkpoints_are_deleted_as_the_sweep_goes(tmp_path: Path, keep: 
     assert best.number == 1
     kept = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir())
     assert kept == ([1] if keep == "best" else [0, 1, 2, 3])
+
+
+def test_fused_tasks_are_chunks_of_each_batch_whatever_the_slots(tmp_path: Path):
+    """search.fuse: the trials of a chunk of fuse slots go to one worker as one task (split by
+    architecture: model.args.hidden is searched), the same tasks and table with any slot count."""
+    runs = {slots: sweep(tmp_path / str(slots), "search.batch_size=4", "search.fuse=2", slots=slots, budget=8)
+            for slots in (1, 3)}
+    (one, one_events), (three, three_events) = runs[1], runs[3]
+    assert table(one) == table(three)
+    assert sorted(map(sorted, one_events.tasks)) == sorted(map(sorted, three_events.tasks))
+    hidden = {r.number: r.params["model.args.hidden"] for r in one.records()}
+    for task in one_events.tasks:
+        assert len({n // 2 for n in task}) == 1  # never across chunks (slots 0-1, 2-3, ...)
+        assert len({hidden[n] for n in task}) == 1  # one architecture per fused task
+    assert sorted(n for task in one_events.tasks for n in task) == list(range(8))
+    assert any(len(task) == 2 for task in one_events.tasks), one_events.tasks  # some chunk fused

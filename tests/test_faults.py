@@ -142,11 +142,11 @@ def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workd
     pool = ProcessPool(1, lambda *a: False, lambda *a: None)
     try:
         first = pool.procs[0].pid
-        pool.submit(faulting)
+        pool.submit([faulting])
         (lost,) = list(pool.results(timeout_s=300))
         assert lost.state == "failed" and lost.context_lost and "illegal memory access" in lost.reason
         assert pool.procs[0].pid != first and pool.procs[0].is_alive()  # a new worker took its place
-        pool.submit(config("search.space={}", epochs=1))
+        pool.submit([config("search.space={}", epochs=1)])
         (fine,) = list(pool.results(timeout_s=300))
         assert fine.state == "complete"
     finally:

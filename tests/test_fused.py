@@ -10,6 +10,7 @@ from conftest import config, learned
 from sweeper.errors import TrialPruned
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.fused import fit_fused, why_not_fused
+from sweeper.trial.fused_optim import why_not_stacked
 
 CPU = torch.device("cpu")
 # fp32 on the CPU: the largest relative difference between a fused member's per-epoch metrics and
@@ -54,6 +55,42 @@ def test_each_fused_member_trains_as_its_solo_run(model: str):
     assert weights[0].untyped_storage().data_ptr() != weights[1].untyped_storage().data_ptr()
 
 
+# members sharing one of torch's optimizers: stepped as one (sweeper/trial/fused_optim.py), each
+# with its own settings, clipping and schedule
+SHARED_OPTIMIZER = {
+    "adamw": [member(0, CNN, "optimizer={plugin: adamw, args: {lr: 0.003, weight_decay: 0.01}}", "train.grad_clip=0.5"),
+              member(1, CNN, "optimizer={plugin: adamw, args: {lr: 0.01, weight_decay: 0.0, betas: [0.8, 0.99]}}",
+                     "schedule.plugin=onecycle"),
+              member(2, CNN, "optimizer={plugin: adamw, args: {lr: 0.001, eps: 1.0e-6}}", "train.label_smoothing=0.1")],
+    "sgd": [member(0, CNN, "optimizer={plugin: sgd, args: {lr: 0.05}}"),
+            member(1, CNN, "optimizer={plugin: sgd, args: {lr: 0.02, momentum: 0.9, weight_decay: 0.001}}",
+                   "train.grad_clip=1.0"),
+            member(2, CNN, "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.8, nesterov: true}}",
+                   "schedule.plugin=onecycle")],
+    "adam": [member(0, "optimizer={plugin: adam, args: {lr: 0.01, weight_decay: 0.001}}"),
+             member(1, "optimizer={plugin: adam, args: {lr: 0.003}}")],
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(SHARED_OPTIMIZER))
+def test_members_of_one_optimizer_step_as_one_and_match_their_solo_runs(optimizer: str):
+    configs = SHARED_OPTIMIZER[optimizer]
+    members = fit_fused(configs, CPU, lambda k, epoch, metrics: None)
+    assert why_not_stacked([m.parts.optimizer for m in members]) is None  # the stacked update ran
+    for trial, fused in zip(configs, members):
+        assert_matches_solo(trial, fused.history)
+        # its optimizer holds the state its solo run's holds (a member's checkpoint resumes solo)
+        solo = run_trial(trial, lambda epoch, metrics: None, CPU).optimizer.state_dict()["state"]
+        state = fused.parts.optimizer.state_dict()["state"]
+        assert state.keys() == solo.keys()
+        for index, buffers in solo.items():
+            for key, value in buffers.items():
+                if value is None:
+                    assert state[index][key] is None
+                else:
+                    torch.testing.assert_close(state[index][key], value, rtol=1e-4, atol=1e-6)
+
+
 def test_a_pruned_member_leaves_and_the_others_go_on_unchanged():
     configs = mixed(CNN)
 
@@ -68,9 +105,11 @@ def test_a_pruned_member_leaves_and_the_others_go_on_unchanged():
     assert_matches_solo(configs[2], members[2].history)
 
 
-def test_a_member_whose_loss_is_not_finite_fails_alone():
-    configs = mixed()
-    configs[1] = member(1, "optimizer={plugin: sgd, args: {lr: 1.0e+30}}")  # diverges at once
+@pytest.mark.parametrize("optimizers", ["mixed", "one"])
+def test_a_member_whose_loss_is_not_finite_fails_alone(optimizers: str):
+    configs = mixed() if optimizers == "mixed" else [member(k, f"optimizer.args.lr={lr}") for k, lr in
+                                                     enumerate((0.01, 0.02, 0.003))]
+    configs[1] = member(1, f"optimizer={{plugin: {configs[1].spec.optimizer.plugin}, args: {{lr: 1.0e+30}}}}")  # diverges
     members = fit_fused(configs, CPU, lambda k, epoch, metrics: None)
     assert [m.state for m in members] == ["complete", "failed", "complete"]
     assert members[1].reason.startswith("non-finite loss at epoch 1") and members[1].history == []

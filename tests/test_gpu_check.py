@@ -19,7 +19,7 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
     print(json.dumps(report, indent=1))  # the report, in the test's output
     assert report == json.loads((workdir / "report.json").read_text())  # saved as it went
     checks = ("sweep", "two_workers", "deterministic", "sync_audit", "throughput", "compile", "resumed_adamw",
-              "export_on_cpu", "ray_fraction")
+              "export_on_cpu", "ray_fraction", "fused")
     for name in checks:
         assert "error" not in report[name], (name, report[name])
     for name in ("sweep", "two_workers", "ray_fraction"):
@@ -35,3 +35,8 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
     assert report["compile"]["compiled_images_per_s"] > 0 and report["compile"]["backend"] == "aot_eager"
     assert report["resumed_adamw"]["step_counter_device"] == "cpu"
     assert report["export_on_cpu"]["exit"] == 0 and report["export_on_cpu"]["trained_on"] == "cpu"
+    fused = report["fused"]  # digits through the CLI: every trial of each fused sweep trained, one model per architecture
+    for n in (8, 16):
+        assert fused[f"digits_fused_{n}"]["counts"] == {"complete": n} and fused[f"digits_fused_{n}"]["fused_models"] >= 1
+        assert fused[f"digits_fused_{n}"]["trials_per_hour"] > 0
+    assert fused["airbench_sized"]["members"] == 4 and fused["airbench_sized"]["fused_s"] > 0

@@ -39,7 +39,7 @@ def test_inline_executor_runs_one_trial_at_a_time(tmp_path: Path):
     calls = Calls()
     pool = executor(1, calls.decide, calls.record)
     assert isinstance(pool, InlineExecutor) and pool.slots == 1
-    pool.submit(task(0, tmp_path))
+    pool.submit([task(0, tmp_path)])
     assert pool.slots == 0  # its result must be collected before the next trial starts
     (outcome,) = list(pool.results())
     assert outcome.state == "complete" and len(outcome.history) == 3 and pool.slots == 1
@@ -57,8 +57,8 @@ def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
     calls = Calls(prune=1, at=2)
     pool = ProcessPool(2, calls.decide, calls.record)
     try:
-        pool.submit(task(0, tmp_path))
-        pool.submit(task(1, tmp_path))
+        pool.submit([task(0, tmp_path)])
+        pool.submit([task(1, tmp_path)])
         assert pool.slots == 0
         outcomes = {}
         while len(outcomes) < 2:
@@ -73,7 +73,7 @@ def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
         assert mine == [(kind, e) for e in range(1, epochs + 1) for kind in ("decide", "record")]
     # a worker trains exactly what this process would
     inline = InlineExecutor(lambda *a: False, lambda *a: None)
-    inline.submit(task(0, tmp_path / "inline"))
+    inline.submit([task(0, tmp_path / "inline")])
     assert learned(next(inline.results()).history) == learned(outcomes[0].history)
 
 
@@ -88,14 +88,14 @@ def test_a_dead_worker_interrupts_its_trial_and_is_replaced(tmp_path: Path):
 
     pool = ProcessPool(1, decide, lambda *a: None)
     try:
-        pool.submit(task(0, tmp_path))
+        pool.submit([task(0, tmp_path)])
         (dead,) = list(pool.results(timeout_s=300))
         # the coordinator retries an interrupted trial (tests/test_distributed.py)
         # SIGKILL is what the kernel's out-of-memory killer sends: the reason says so
         assert dead.state == "interrupted" and dead.reason.startswith("its worker process was killed (SIGKILL)")
         assert "out-of-memory killer" in dead.reason
         assert pool.slots == 1 and pool.procs[0].is_alive()  # a new worker, with a new pipe, took its place
-        pool.submit(task(1, tmp_path))
+        pool.submit([task(1, tmp_path)])
         (alive,) = list(pool.results(timeout_s=300))
     finally:
         pool.close()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +11,7 @@ import numpy as np
 import optuna
 from mlflow.tracking import MlflowClient
 
-from conftest import SPACES, children, sweeper, wait_for, write_spec
+from conftest import SPACES, children, kill_at_gate, sweeper, write_spec
 
 
 def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
@@ -109,13 +107,7 @@ def test_trial_of_a_killed_process_is_retried_with_its_params_and_seed(workdir: 
     spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-killed"})
     # trial 0 stops at the start of epoch 2 until released (the gate plugin): killed mid-trial
     args = ["search.n_trials=2", "train.epochs=2", f"schedule={{plugin: gate, args: {{folder: '{gate}', epoch: 2}}}}"]
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: (gate / "blocked").exists(), proc, what="trial 0 reaching its gate")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)  # no chance to clean up, like a crash or an OOM kill
-        proc.wait()
+    kill_at_gate(gate, "run", str(spec), *args, "--out", "out", "-q", what="trial 0 reaching its gate")
     storage = f"sqlite:///{workdir / 'out' / 'optuna.db'}"
     trials = optuna.load_study(study_name="smoke", storage=storage).trials
     running = next(t for t in trials if t.state.name == "RUNNING" and t.intermediate_values)

@@ -75,6 +75,7 @@ def refresh() -> None:
     importlib.invalidate_caches()
     _entry_points.cache_clear()
     get.cache_clear()
+    info.cache_clear()
 
 
 def list_plugins(kind: str | None = None) -> list[PluginInfo]:
@@ -133,6 +134,7 @@ def _find(kind: str, name: str) -> EntryPoint:
     return matches[0]
 
 
+@functools.cache  # a distribution's name and version are read from its METADATA file: once per process
 def info(kind: str, name: str) -> PluginInfo:
     return _info(kind, _find(kind, name))
 

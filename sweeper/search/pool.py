@@ -1,5 +1,6 @@
 """Executing trials on this machine: in this process (parallel: 1), or in a pool of worker
-processes (parallel: N), one trial each at a time.
+processes (parallel: N), one task each at a time. A task is one trial, or a group of trials
+trained as one fused model (trial/fused.py).
 
 A worker only trains (trial/execute.py). After every epoch it asks the coordinator (the backend,
 in the main process) whether to go on; tracking and storage writes stay with the coordinator.
@@ -19,7 +20,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import TrialConfig
-from sweeper.trial.execute import Decide, Outcome, execute
+from sweeper.trial.execute import Decide, Outcome, execute_group
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
 Record = Callable[[int, int, dict[str, float]], None]
@@ -31,9 +32,10 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option
 class Executor(Protocol):
     """Where a coordinator's trials run."""
 
-    slots: int  # trials it can start now
+    slots: int  # tasks it can start now
 
-    def submit(self, task: TrialConfig) -> None: ...
+    def submit(self, task: list[TrialConfig]) -> None:
+        """Start a task: one trial, or several trained as one fused model."""
     def results(self, timeout_s: float) -> Iterator[Outcome]:
         """Serve the running trials; yield those that finished, after at most ``timeout_s``
         without one (so that the caller can look at the study meanwhile)."""
@@ -59,7 +61,7 @@ class InlineExecutor:
     def slots(self) -> int:
         return 0 if self.done else 1  # one trial at a time: finish it before starting the next
 
-    def submit(self, task: TrialConfig) -> None:
+    def submit(self, task: list[TrialConfig]) -> None:
         records: list[Future[None]] = []
 
         def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
@@ -67,10 +69,10 @@ class InlineExecutor:
             records.append(self.recorder.submit(self.record, number, epoch, metrics))
             return prune
 
-        outcome = execute(task, decide)
+        outcomes = execute_group(task, decide)
         for written in records:
             written.result()  # raises what the recording raised
-        self.done.append(outcome)
+        self.done.extend(outcomes)
 
     def results(self, timeout_s: float = 0.0) -> Iterator[Outcome]:
         while self.done:
@@ -102,7 +104,7 @@ class ProcessPool:
         self.conns: list[Connection] = [None] * n  # type: ignore[list-item]
         for index in range(n):
             self._start_worker(index)
-        self.running: dict[int, TrialConfig] = {}  # worker index -> its task
+        self.running: dict[int, list[TrialConfig]] = {}  # worker index -> its task
         self.oom_kills = oom_kill_count()
 
     @property
@@ -116,7 +118,7 @@ class ProcessPool:
         theirs.close()  # the worker's end lives in the worker: its death reads as end-of-file here
         self.conns[index] = mine
 
-    def submit(self, task: TrialConfig) -> None:
+    def submit(self, task: list[TrialConfig]) -> None:
         index = next(i for i in range(len(self.procs)) if i not in self.running)
         self.running[index] = task
         _send(self.conns[index], task)
@@ -146,11 +148,11 @@ class ProcessPool:
                     self.record(number, epoch, metrics)
                 else:
                     del self.running[index]
-                    if payload.context_lost:  # the worker exits (see _worker_loop): a new one takes its place
-                        self.procs[index].join()
+                    if any(o.context_lost for o in payload):  # the worker exits (see _worker_loop): a new one
+                        self.procs[index].join()              # takes its place
                         self.conns[index].close()
                         self._start_worker(index)
-                    yield payload
+                    yield from payload
                     return
 
     def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:
@@ -158,8 +160,9 @@ class ProcessPool:
             proc = self.procs[index]
             proc.join(wait_s)
             if not proc.is_alive():
-                task = self.running.pop(index)  # its trial is retried; the worker starts afresh, new pipe
-                yield Outcome(task.number, "interrupted", reason=death(proc.exitcode, self.oom_kills))
+                task = self.running.pop(index)  # its trials are retried; the worker starts afresh, new pipe
+                reason = death(proc.exitcode, self.oom_kills)
+                yield from (Outcome(config.number, "interrupted", reason=reason) for config in task)
                 self.oom_kills = oom_kill_count()
                 self.conns[index].close()
                 self._start_worker(index)
@@ -241,9 +244,9 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
 
     try:
         while (task := conn.recv()) is not None:
-            outcome = execute(task, decide, index)
-            conn.send(("end", outcome))
-            if outcome.context_lost:  # every later CUDA call here would fail: the pool starts a new worker
+            outcomes = execute_group(task, decide, index)
+            conn.send(("end", outcomes))
+            if any(o.context_lost for o in outcomes):  # every later CUDA call here would fail: the pool starts a new worker
                 return
     except (EOFError, OSError):  # the parent is gone: nobody wants the result
         pass

@@ -150,7 +150,8 @@ OPTUNA_ONLY = {"parallel": "search.ray.max_concurrent_trials and search.resource
                "batch_size": "nothing: Ray Tune asks one trial at a time",
                "storage": "search.ray.storage_path",
                "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
-               "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)"}
+               "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
+               "fuse": "nothing yet: Ray Tune runs one trial per actor"}
 
 
 class SearchSpec(_Strict):
@@ -165,6 +166,12 @@ class SearchSpec(_Strict):
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
     reproducible: bool = True
     batch_size: int = Field(default=4, ge=1, description="trials proposed together (reproducible mode)")
+    # Fused trials (trial/fused.py): the trials of a proposed batch that share an architecture train
+    # as one model in one process. N: up to N per fused model; off: never; auto: on CUDA only, the
+    # batch split evenly over the workers (on a 2-core CPU fusing 64 digits trials measured 1.26x,
+    # too little to give up bitwise-solo results; on a GPU one small trial leaves it mostly idle).
+    fuse: Literal["off", "auto"] | int = Field(default="auto", description="trials fused into one model: "
+                                               "off, auto (on CUDA) or a number")
     storage: str | None = Field(default=None, description="Optuna storage URL shared by every process serving "
                                 "the sweep, e.g. postgresql+psycopg://user@host/db; default: sqlite in --out")
     # Leases: a process renews the lease of each trial it trains every heartbeat_s; a trial whose
@@ -187,6 +194,12 @@ class SearchSpec(_Strict):
     ray: RaySpec = RaySpec()  # backend ray
     space: dict[str, sp.Param] = Field(default_factory=dict)
 
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def _fuse_words(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare off/on as a boolean
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _check_space(self) -> SearchSpec:
         for path in self.space:
@@ -205,6 +218,11 @@ class SearchSpec(_Strict):
         if self.lease_s <= self.heartbeat_s:
             raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
                              f"would run out between two renewals")
+        if isinstance(self.fuse, int) and self.fuse < 1:
+            raise ValueError(f"fuse must be off, auto or a number of trials >= 1 (got {self.fuse})")
+        if isinstance(self.fuse, int) and self.fuse > 1 and not self.reproducible:
+            raise ValueError("fuse needs proposed batches (search.reproducible: true): it fuses the trials "
+                             "of one batch")
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
                              f"idle; raise search.batch_size, or set search.reproducible: false")
@@ -215,6 +233,14 @@ class SearchSpec(_Strict):
             raise ValueError("set n_trials, timeout, or both: the sweep needs a budget")
         return self
 
+
+    def fuse_size(self, cuda: bool) -> int:
+        """Trials per fused model (1: each trial alone) on a machine with CUDA or without."""
+        if self.fuse == "off" or not self.reproducible or (self.fuse == "auto" and not cuda):
+            return 1
+        if self.fuse == "auto":
+            return -(-self.batch_size // self.parallel)  # the batch shared evenly by the workers
+        return self.fuse
 
     def pbt_mutations(self) -> list[str]:
         """The search.space paths PBT mutates (search.pruner.mutations, or its default)."""

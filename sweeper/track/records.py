@@ -33,7 +33,8 @@ class TrialRecord(_Record):
     seed: int | None = None
     reason: str | None = None  # why it was pruned or failed
     epochs: int = 0
-    seconds: float | None = None  # training time in its worker
+    seconds: float | None = None  # training time in its worker (a fused trial: its fused model's)
+    fused_with: list[int] = []  # the trials it trained with as one fused model (itself included)
     device: str | None = None
     mlflow_run_id: str | None = None
     history: list[dict[str, float]] = []  # per-epoch metrics

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.trial import checkpoint
+from sweeper.trial import checkpoint, fused
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
 from sweeper.trial.trainer import resolve_device
@@ -98,6 +98,61 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
         release_device_memory()
     out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
     return out
+
+
+def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int = 0) -> list[Outcome]:
+    """Train ``configs`` as one fused model (trial/fused.py; see fused.plan): one Outcome per
+    member, as its solo run would give (its history, state, reason and checkpoint). A group that
+    cannot train fused (its first step fails) trains one member at a time instead, and each
+    Outcome says why in ``info["fuse_fallback"]``."""
+    if len(configs) == 1:
+        return [execute(configs[0], decide, worker_index)]
+    outs = {c.number: Outcome(c.number, "failed") for c in configs}
+    started = time.perf_counter()
+    info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
+
+    def report(index: int, epoch: int, metrics: dict[str, float]) -> None:
+        number = configs[index].number
+        outs[number].history.append(metrics)
+        if decide(number, epoch, metrics):
+            raise TrialPruned(f"pruned at epoch {epoch}")
+
+    try:
+        first = configs[0]
+        if first.threads is not None:
+            configure_torch(threads=first.threads, deterministic=first.spec.train.deterministic)
+        device = resolve_device(first.spec.train.device, worker_index)
+        info.update(device=str(device), device_name=_device_name(device), threads=torch.get_num_threads(),
+                    torch=torch.__version__, cuda=torch.version.cuda or "none")
+        members = fused.fit_fused(configs, device, report)
+        info["data_fingerprint"] = members[0].parts.data_fingerprint
+        for member in members:
+            out = outs[member.config.number]
+            out.state, out.reason = member.state, member.reason
+            if member.state == "complete" and member.config.checkpoint:
+                state = member.training_state()
+                checkpoint.save(Path(member.config.checkpoint),
+                                {**state, "trial": member.config.number, "params": member.config.params})
+    except fused.NotFusable as exc:  # before any member trained an epoch: each trains alone
+        release_device_memory()
+        solo = [execute(config, decide, worker_index) for config in configs]
+        for out in solo:
+            out.info["fuse_fallback"] = str(exc)
+        return solo
+    except torch.cuda.OutOfMemoryError as exc:  # the whole group: each member is retried (smaller steps)
+        for out in outs.values():
+            out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
+    except Exception as exc:  # the fused model failed as a whole: every member fails with it
+        for out in outs.values():
+            out.state = "failed"
+            out.reason, out.error = reason_of(exc), traceback.format_exc()
+            out.context_lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
+    finally:
+        release_device_memory()
+    seconds = time.perf_counter() - started  # the group's wall time: each member's share is seconds / N
+    for out in outs.values():
+        out.info = {**info, "seconds": seconds}
+    return [outs[c.number] for c in configs]
 
 
 def release_device_memory() -> None:

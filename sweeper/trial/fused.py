@@ -26,7 +26,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,15 +33,22 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.trial import speed
+from sweeper.pluginhost import registry
+from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import TrialConfig, TrialParts, build
+from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
 MemberReport = Callable[[int, int, dict[str, float]], None]
 # Settings every member of a group must share: they fix the shapes and the sequence of steps.
 SHARED = ("batch_size", "accumulate", "epochs", "eval_batch_size", "precision", "device", "deterministic")
+
+
+class NotFusable(Exception):
+    """The fused model's first step failed (a forward that vmap cannot batch, say): nothing has
+    trained yet, so the members can train one at a time instead."""
 
 
 @dataclass
@@ -53,9 +59,56 @@ class Member:
     parts: TrialParts
     order: torch.Generator  # batch order (CPU), as the solo trainer's
     augment: torch.Generator  # augmentation draws, on the device
+    base_lrs: list[float] = field(default_factory=list)  # the param groups' LRs before training
     history: list[dict[str, float]] = field(default_factory=list)
     state: str = "running"  # running | complete | pruned | failed
     reason: str | None = None
+
+    def training_state(self) -> checkpoint.State:
+        """The member's training state, as the solo trainer saves it (its own storage: call after
+        FusedGroup.release)."""
+        parts = self.parts
+        return checkpoint.capture(model=parts.model, optimizer=parts.optimizer, scheduler=parts.scheduler,
+                                  scaler=torch.amp.GradScaler("cpu", enabled=False),
+                                  generators={"order": self.order, "augment": self.augment},
+                                  epoch=len(self.history), history=self.history, base_lrs=self.base_lrs)
+
+
+def fusable(kind: str, plugin: str) -> bool:
+    """A model or optimizer plugin may opt out of fusing with ``sweeper_fusable = False`` on its
+    factory: a model whose forward branches on its data (vmap cannot batch it), an optimizer
+    whose step needs a closure or looks at other parameters than its own."""
+    return bool(getattr(registry.get(kind, plugin), "sweeper_fusable", True))
+
+
+def fuse_key(config: TrialConfig) -> str:
+    """Trials with equal keys may share a fused model: what fixes shapes and the step sequence."""
+    spec = config.spec
+    return repr(([getattr(spec.train, name) for name in SHARED], spec.dataset.model_dump(), spec.model.model_dump()))
+
+
+def plan(configs: list[TrialConfig], size: int) -> tuple[list[list[TrialConfig]], list[str]]:
+    """Split ``configs`` (in order) into fused groups of at most ``size`` trials and solo trials
+    (groups of one); returns the groups and why trials run alone (for the log)."""
+    groups: dict[str, list[TrialConfig]] = {}
+    for config in configs:
+        groups.setdefault(fuse_key(config), []).append(config)
+    out: list[list[TrialConfig]] = []
+    notes: list[str] = []
+    for same in groups.values():
+        chunks = [same[i:i + size] for i in range(0, len(same), size)]
+        for chunk in chunks:
+            reason = why_not_fused(chunk) if len(chunk) > 1 else None
+            if reason is None:
+                out.append(chunk)
+                continue
+            out.extend([c] for c in chunk)
+            notes.append(f"trials {', '.join(str(c.number) for c in chunk)} train one at a time: {reason}")
+    if len(groups) > 1:
+        shapes = "; ".join(", ".join(str(c.number) for c in same) for same in groups.values())
+        notes.append(f"this batch trains as {len(groups)} fused models, one per architecture (trials {shapes}): "
+                     f"the model, data set or a shared train setting differs between them")
+    return out, notes
 
 
 def why_not_fused(configs: list[TrialConfig]) -> str | None:
@@ -70,6 +123,12 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
             return "the data set differs"
         if spec.model != first.model:
             return "the model differs (plugin or architecture arguments: other shapes)"
+    if any(config.resume is not None for config in configs):
+        return "a trial resumes a saved state (fused trials start together at epoch 1)"
+    refs = [("models", first.model.plugin)] + sorted({("optimizers", c.spec.optimizer.plugin) for c in configs})
+    for kind, plugin in refs:  # each member steps its own optimizer: they may differ
+        if not fusable(kind, plugin):
+            return f"the {kind[:-1]} plugin '{plugin}' says it cannot be fused (sweeper_fusable = False)"
     if first.train.compile:
         return "train.compile is on (a fused model is compiled as a whole, not per trial)"
     device = resolve_device(first.train.device)
@@ -79,14 +138,23 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
 
 
 class FusedGroup:
-    """The members' stacked parameters and buffers, and the members' views into them."""
+    """The members' stacked parameters and buffers, the members' views into them, and the
+    stacked optimizer that steps them all (or None: each member's optimizer steps its slice)."""
 
-    def __init__(self, members: list[Member]) -> None:
+    def __init__(self, members: list[Member], stacked: bool = True) -> None:
         shapes = {speed.architecture(m.parts.model) for m in members}  # what a compiled forward keys on too
         if len(shapes) != 1:
             raise ValueError("fused members must have the same parameter and buffer shapes")
         self.members = members
         self.template = copy.deepcopy(members[0].parts.model).to("meta")  # structure only
+        self.stepper: StackedOptimizer | None = None
+        self.why_per_member = "asked for" if not stacked else why_not_stacked([m.parts.optimizer for m in members])
+        if self.why_per_member is None:
+            model, optimizer = members[0].parts.model, members[0].parts.optimizer
+            stepped = {id(p) for p in optimizer.param_groups[0]["params"]}
+            names = [n for n, p in model.named_parameters() if id(p) in stepped]
+            self.stepper = StackedOptimizer([m.parts.optimizer for m in members], names)
+        self.stacked: list[Member] = []  # the members in the stacked tensors, in order
         self.restack()
 
     @property
@@ -97,6 +165,9 @@ class FusedGroup:
         """Stack the running members' tensors and point each member's parameters and buffers at
         its slice (again after a member left)."""
         active = self.active
+        if self.stepper is not None and self.stacked:
+            self.stepper.keep([self.stacked.index(m) for m in active])
+        self.stacked = active
         models = [m.parts.model for m in active]
         self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
                        for n, _ in models[0].named_parameters()}
@@ -109,8 +180,42 @@ class FusedGroup:
                 module, _, attr = name.rpartition(".")
                 model.get_submodule(module)._buffers[attr] = self.buffers[name][k]
 
+    def step(self, members: list[Member], grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One optimizer step of every member (and of its schedule); returns each member's
+        gradient norm before clipping, (members,)."""
+        device = next(iter(grads.values())).device
+        if self.stepper is None:
+            norms = []
+            for k, m in enumerate(members):
+                model, optimizer = m.parts.model, m.parts.optimizer
+                for name, param in model.named_parameters():
+                    param.grad = grads[name][k]
+                params = [p for p in model.parameters() if p.requires_grad]
+                clip = m.config.spec.train.grad_clip
+                norms.append(nn.utils.clip_grad_norm_(params, clip) if clip is not None else
+                             nn.utils.get_total_norm([p.grad for p in params]))
+                optimizer.step()
+            norm = torch.stack(norms).float()
+        else:
+            names = self.stepper.names
+            norm = torch.stack([grads[n].flatten(1).float().norm(dim=1) for n in names], dim=1).norm(dim=1)
+            clips = [m.config.spec.train.grad_clip for m in members]
+            if any(c is not None for c in clips):  # as clip_grad_norm_: scaled by max_norm / (norm + 1e-6), at most 1
+                limit = torch.tensor([math.inf if c is None else c for c in clips], device=device)
+                scale = (limit / (norm + 1e-6)).clamp(max=1.0)
+                grads = {n: grads[n] * scale.view((-1,) + (1,) * (grads[n].ndim - 1)).to(grads[n].dtype)
+                         for n in names}
+            self.stepper.step(self.params, grads)
+        for m in members:
+            scheduler = m.parts.scheduler
+            if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()
+        return norm
+
     def release(self) -> None:
-        """Give each member's model storage of its own (the fused tensors go)."""
+        """Give each member's model (and optimizer state) storage of its own (the fused tensors go)."""
+        if self.stepper is not None and self.stacked:
+            self.stepper.write_back([dict(m.parts.model.named_parameters()) for m in self.stacked])
         for member in self.members:
             model = member.parts.model
             for param in model.parameters():
@@ -120,9 +225,12 @@ class FusedGroup:
                 model.get_submodule(module)._buffers[attr] = buffer.clone()
 
 
-def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberReport) -> list[Member]:
+def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberReport,
+              stacked: bool = True) -> list[Member]:
     """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
-    the members with their history and end state. Each member's model keeps its weights."""
+    the members with their history and end state. Each member's model keeps its weights.
+    ``stacked``: one update for all members where their optimizers allow (fused_optim.py);
+    False steps each member's own torch optimizer (the reference the tests compare with)."""
     reason = why_not_fused(configs)
     if reason is not None:
         raise ValueError(f"these trials cannot be fused: {reason}")
@@ -130,10 +238,10 @@ def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberRe
     for config in configs:  # each built exactly as its solo trial is
         parts = build(config, device)
         members.append(Member(config, parts, torch.Generator().manual_seed(config.seed),
-                              torch.Generator(device=device).manual_seed(config.seed + 1)))
-    group = FusedGroup(members)
+                              torch.Generator(device=device).manual_seed(config.seed + 1),
+                              [group["lr"] for group in parts.optimizer.param_groups]))
+    group = FusedGroup(members, stacked)
     train = configs[0].spec.train
-    data = members[0].parts.data
     smoothing = [m.config.spec.train.label_smoothing for m in members]
     criterion = _criterion(smoothing)
     try:
@@ -181,64 +289,58 @@ def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor]
     step_fn = vmap(grad_and_value(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0, None), randomness="different")
     n = data.train_x.shape[0]
     orders = {id(m): torch.randperm(n, generator=m.order).to(device) for m in members}  # as the solo trainer draws
-    per_member = {id(m): {"loss": 0.0, "correct": 0, "norm": 0.0} for m in members}
+    # each member's sums over the epoch, (all members,): indexed by its place in group.members
+    totals = {"loss": torch.zeros(len(group.members), device=device), "norm": torch.zeros(len(group.members), device=device),
+              "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64)}
     steps = steps_per_epoch(data, train.batch_size)
     seen = 0
     for step in range(steps):
         members = group.active
         if not members:
             return
+        rows = torch.tensor([group.members.index(m) for m in members], device=device)
         batch = torch.stack([orders[id(m)][step * train.batch_size:(step + 1) * train.batch_size] for m in members])
-        for m in members:
-            m.parts.optimizer.zero_grad(set_to_none=True)
         grads_sum: dict[str, torch.Tensor] | None = None
-        losses = torch.zeros(len(members), device=device)
-        correct = torch.zeros(len(members), device=device, dtype=torch.int64)
         eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
         for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
             x = data.train_x[micro]
             if data.train_transform is not None:
                 x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
             x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
-            grads, (_, (loss, right)) = step_fn(group.params, group.buffers, x, data.train_y[micro], eps,
-                                                micro.shape[1] / batch.shape[1])
+            try:
+                grads, (_, (loss, right)) = step_fn(group.params, group.buffers, x, data.train_y[micro], eps,
+                                                    micro.shape[1] / batch.shape[1])
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                if epoch == 1 and step == 0:
+                    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+                    raise NotFusable(f"the fused step failed ({type(exc).__name__}: {first_line})") from exc
+                raise
             grads_sum = grads if grads_sum is None else {k: grads_sum[k] + grads[k] for k in grads}
-            losses += loss.float() * micro.shape[1]
-            correct += right
+            totals["loss"].index_add_(0, rows, loss.float() * micro.shape[1])
+            totals["correct"].index_add_(0, rows, right)
         seen += batch.shape[1]
-        for k, m in enumerate(members):
-            model, optimizer, scheduler = m.parts.model, m.parts.optimizer, m.parts.scheduler
-            for name, param in model.named_parameters():
-                param.grad = grads_sum[name][k]
-            params = [p for p in model.parameters() if p.requires_grad]
-            clip = m.config.spec.train.grad_clip
-            norm = nn.utils.clip_grad_norm_(params, clip) if clip is not None else \
-                nn.utils.get_total_norm([p.grad for p in params])
-            optimizer.step()
-            if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                scheduler.step()
-            totals = per_member[id(m)]
-            totals["loss"] += losses[k]
-            totals["correct"] += correct[k]
-            totals["norm"] += norm.float()
+        totals["norm"].index_add_(0, rows, group.step(members, grads_sum))
         if device.type == "cpu" or (step + 1) % FINITE_CHECK_EVERY == 0:
-            _fail_non_finite(group, per_member, epoch, step + 1)
-    _fail_non_finite(group, per_member, epoch, steps)
-    _evaluate_and_report(group, epoch, per_member, seen, steps, time.perf_counter() - start, report)
+            _fail_non_finite(group, totals["loss"], epoch, step + 1)
+    _fail_non_finite(group, totals["loss"], epoch, steps)
+    _evaluate_and_report(group, epoch, totals, seen, steps, time.perf_counter() - start, report)
 
 
-def _fail_non_finite(group: FusedGroup, per_member: dict[int, dict[str, Any]], epoch: int, step: int) -> None:
+def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: int) -> None:
     """A member whose summed loss is not finite fails; the others go on without it."""
+    finite = torch.isfinite(loss).tolist()  # one look (one sync on a GPU) for every member
     gone = False
     for member in group.active:
-        if not math.isfinite(float(per_member[id(member)]["loss"])):
+        if not finite[group.members.index(member)]:
             member.state, member.reason = "failed", f"non-finite loss at epoch {epoch}, step {step}"
             gone = True
     if gone and group.active:
         group.restack()
 
 
-def _evaluate_and_report(group: FusedGroup, epoch: int, per_member: dict[int, dict[str, Any]], seen: int,
+def _evaluate_and_report(group: FusedGroup, epoch: int, totals: dict[str, torch.Tensor], seen: int,
                          steps: int, seconds_train: float, report: MemberReport) -> None:
     members = group.active
     if not members:
@@ -254,29 +356,30 @@ def _evaluate_and_report(group: FusedGroup, epoch: int, per_member: dict[int, di
     autocast = torch.autocast(data.val_x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     with torch.inference_mode(), autocast:
         for part in eval_batches(n, train.eval_batch_size):
-            out = forward(group.params, group.buffers, data.inputs(data.val_x[part])).float()
+            out = forward(group.params, group.buffers, data.inputs(data.val_x[part])).float()  # (members, batch, classes)
             y = data.val_y[part]
-            for k in range(len(members)):
-                loss[k] += F.cross_entropy(out[k], y, reduction="sum")
-                correct[k] += (out[k].argmax(1) == y).sum()
+            loss += F.cross_entropy(out.flatten(0, 1), y.repeat(len(members)), reduction="none").view(len(members), -1).sum(1)
+            correct += (out.argmax(-1) == y).sum(1)
     seconds = seconds_train + time.perf_counter() - started
+    # one copy to the host for every member's numbers
+    val_loss, val_correct = [v / n for v in loss.tolist()], correct.tolist()
+    train_loss, train_correct, norm = (totals[k].tolist() for k in ("loss", "correct", "norm"))
     left = False
     for k, member in enumerate(members):
-        totals = per_member[id(member)]
-        val_loss = loss[k].item() / n
-        if not math.isfinite(val_loss):
+        row = group.members.index(member)
+        if not math.isfinite(val_loss[k]):
             member.state, member.reason, left = "failed", "non-finite loss on the validation split", True
             continue
         scheduler = member.parts.scheduler
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(val_loss)
-        metrics = {"train_loss": float(totals["loss"]) / seen, "train_acc": int(totals["correct"]) / seen,
-                   "val_loss": val_loss, "val_acc": correct[k].item() / n,
-                   "lr": member.parts.optimizer.param_groups[0]["lr"], "grad_norm": float(totals["norm"]) / steps,
+            scheduler.step(val_loss[k])
+        metrics = {"train_loss": train_loss[row] / seen, "train_acc": train_correct[row] / seen,
+                   "val_loss": val_loss[k], "val_acc": val_correct[k] / n,
+                   "lr": member.parts.optimizer.param_groups[0]["lr"], "grad_norm": norm[row] / steps,
                    "epoch_seconds": seconds, "samples_per_s": seen / seconds}
         member.history.append(metrics)
         try:
-            report(group.members.index(member), epoch, metrics)
+            report(row, epoch, metrics)
         except TrialPruned as exc:
             member.state, member.reason, left = "pruned", str(exc), True
         except TrialFailed as exc:

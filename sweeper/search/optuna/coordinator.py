@@ -14,25 +14,31 @@ The sampler's input and every pruning decision are then functions of the seed an
 never of timing, so any number of processes and workers gives the same trial table.
 ``reproducible: false`` asks a new trial whenever a worker is free and prunes against
 everything reported so far: more throughput, no such guarantee.
+
+Fused trials (search.fuse): a process claims the waiting trials of one chunk of a batch together
+(chunks of ``fuse`` slots: which trials share a fused model is a function of the spec, never of
+timing) and hands them to one worker as one task; trials of another architecture in the chunk
+wait as further tasks (see trial/fused.py: plan).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
+import torch
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper.search import checkpoints, faults
+from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease
 from sweeper.search.optuna.ledger import Ledger, Sweep
-from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, INTERRUPTED, RETRY_OF, SLOT,
+from sweeper.search.optuna.recovery import POLL_S, Recovery
+from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, RETRY_OF, SLOT,
                                          TELL, interrupted, make_pruner, make_sampler, record)
 from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, open_trial_run
@@ -41,10 +47,10 @@ from sweeper.spec import space as sp
 from sweeper.track.records import TrialEvent, TrialRecord
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
+from sweeper.trial import fused
 from sweeper.trial.execute import OOM, Outcome
 from sweeper.trial.seeding import sampler_seed, threads_per_trial, trial_seed
 
-POLL_S = 0.5  # how often a process with nothing to train looks at the study again (s)
 UNFINISHED = (TrialState.WAITING, TrialState.RUNNING)
 
 
@@ -57,8 +63,9 @@ class _Live:
     lost: bool = False  # another process failed it: this process's lease had run out
 
 
-class Coordinator:
-    """Claims and proposes trials, answers pruning questions, tells results, logs them."""
+class Coordinator(Recovery):
+    """Claims and proposes trials, answers pruning questions, tells results, logs them; its
+    answers to faults are recovery.py's."""
 
     def __init__(self, spec: SweepSpec, study: optuna.Study, ledger: Ledger, heartbeat: lease.Heartbeat,
                  ctx: SearchContext) -> None:
@@ -71,6 +78,10 @@ class Coordinator:
         self.best = checkpoints.best(spec, records)  # whose checkpoint is kept so far
         self.trained = any(r.state in ("complete", "pruned") for r in records)  # the breaker is off once true
         self.stopped: Exception | None = None  # the circuit breaker's error, raised once the trials end
+        # trials per fused model (1: none fused); claimed tasks wait in `pending` for a free worker
+        self.fuse = spec.search.fuse_size(cuda=spec.train.device != "cpu" and torch.cuda.is_available())
+        self.pending: list[list[TrialConfig]] = []
+        self.noted: set[str] = set()  # fallback reasons already said
 
     def run(self, executor: Executor) -> None:
         """Serve the sweep until its budget is spent (a worker), and every trial has finished
@@ -78,11 +89,14 @@ class Coordinator:
         while True:
             self._recover()
             sweep = self.ledger.read()
+            if executor.slots and self.pending:  # claimed already: they run even after a stop request
+                executor.submit(self.pending.pop(0))
+                continue
             if executor.slots and not sweep.stop:
-                trial = self._claim_waiting() or self._propose(sweep)
-                if trial is not None:
-                    if isinstance(trial, optuna.Trial):
-                        self._start(executor, trial)
+                trials = self._claim_waiting() or self._propose(sweep)
+                if trials is not None:
+                    if isinstance(trials, list):
+                        self._start(executor, trials)
                     continue
             if self.live:
                 for outcome in executor.results(POLL_S):
@@ -125,15 +139,30 @@ class Coordinator:
 
     # --- claiming and proposing ----------------------------------------------------------------
 
-    def _claim_waiting(self) -> optuna.Trial | None:
-        """A WAITING trial made RUNNING by this process (one atomic update: one owner), leased."""
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    def _claim_waiting(self) -> list[optuna.Trial]:
+        """WAITING trials made RUNNING by this process (each one atomic update: one owner), leased:
+        one trial, or with fusing the waiting trials of the first one's chunk."""
+        claimed: list[optuna.Trial] = []
+        waiting = sorted(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
+                         key=lambda t: t.user_attrs.get(SLOT, t.number))
+        for t in waiting:
+            if claimed and (self.fuse == 1 or self._chunk(t) != self._chunk(claimed[0])):
+                continue
             if self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
                 self.heartbeat.hold(t._trial_id)
-                return optuna.Trial(self.study, t._trial_id)
-        return None
+                claimed.append(optuna.Trial(self.study, t._trial_id))
+        return claimed
 
-    def _propose(self, sweep: Sweep) -> optuna.Trial | bool | None:
+    def _chunk(self, t: FrozenTrial | optuna.Trial) -> tuple[Any, ...]:
+        """Which fused task a trial belongs to: its batch, its chunk of ``fuse`` slots in it, and
+        its attempt (retries fuse with retries)."""
+        attrs = t.user_attrs
+        batch = attrs.get(BATCH)
+        if batch is None:
+            return ("alone", t.number)
+        return batch, (attrs.get(SLOT, t.number) - batch) // self.fuse, attrs.get(ATTEMPT, 1)
+
+    def _propose(self, sweep: Sweep) -> list[optuna.Trial] | bool | None:
         """Claim budget and create its trials: a new batch (reproducible), or one trial. Returns
         a trial to start, True to look again at once, None when there is nothing to propose."""
         left = self._budget_left(sweep)
@@ -142,7 +171,8 @@ class Coordinator:
         if not self.spec.search.reproducible:
             if not self.ledger.claim_slot(sweep):
                 return True  # another process claimed that slot: look again
-            return self._new_trial(sweep.proposed)
+            trial = self._new_trial(sweep.proposed)
+            return [trial] if isinstance(trial, optuna.Trial) else trial
         if self.study.get_trials(deepcopy=False, states=UNFINISHED):
             return None  # the current batch is not finished: the next one must see its results
         size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
@@ -200,7 +230,18 @@ class Coordinator:
 
     # --- running -------------------------------------------------------------------------------
 
-    def _start(self, executor: Executor, trial: optuna.Trial) -> None:
+    def _start(self, executor: Executor, trials: list[optuna.Trial]) -> None:
+        """Start claimed trials: one task, or fused tasks (fused.plan), the first now."""
+        configs = [self._config(t) for t in trials]
+        tasks, notes = fused.plan(configs, self.fuse) if len(configs) > 1 else ([configs], [])
+        for note in notes:
+            self.ctx.observer.note(note)
+        for config in configs:
+            self._open(self.live[config.number].trial, config)
+        executor.submit(tasks[0])
+        self.pending.extend(tasks[1:])
+
+    def _config(self, trial: optuna.Trial) -> TrialConfig:
         values = sp.suggest(self.spec.search.space, trial)
         slot, batch = trial.user_attrs.get(SLOT, trial.number), trial.user_attrs.get(BATCH)
         shadow = self._view(batch).ask() if self.spec.search.reproducible and batch is not None else None
@@ -208,14 +249,19 @@ class Coordinator:
         config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values,
                              self.spec.with_values({**values, **resized}), self.threads,
                              str(trial_path(self.ctx.out_dir, trial.number)))
+        self.live[trial.number] = _Live(trial, config, None, shadow)
+        return config
+
+    def _open(self, trial: optuna.Trial, config: TrialConfig) -> None:
+        """The trial's MLflow run, its start recorded."""
+        batch = trial.user_attrs.get(BATCH)
         seed = sampler_seed(self.spec.seed, batch) if batch is not None else None
-        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed,
-                                tags={"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else None)
-        self.live[trial.number] = _Live(trial, config, run_id, shadow)
+        retry = {"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else {}
+        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed, tags=retry)
+        self.live[trial.number].run_id = run_id
         # known from the start: a process recovering the trial (if this one dies) closes this run
         self._guard(trial.number, lambda: trial.set_user_attr(INFO, {"seed": config.seed, "mlflow_run_id": run_id}))
         self.ctx.observer.event(TrialEvent.start(config.number, config.params))
-        executor.submit(config)
 
     def _guard(self, number: int, write: Any) -> None:
         """A write to this process's trial; if another process has failed it meanwhile (this
@@ -258,6 +304,11 @@ class Coordinator:
             return
         metric = self.spec.objective.metric
         reason = outcome.reason
+        fallback = outcome.info.get("fuse_fallback")
+        if fallback and fallback not in self.noted:
+            self.noted.add(fallback)
+            self.ctx.observer.note(f"a fused task trained its trials one at a time (trial {outcome.number} "
+                                   f"among them): {fallback}")
         if outcome.state == "failed" and (reason or "").startswith(OOM) and not live.lost:
             reason = self._retry_oom(live, reason or OOM)
         if outcome.state == "pruned":
@@ -288,113 +339,6 @@ class Coordinator:
             self.best = checkpoints.keep_better(self.spec, self.best, finished, self.ctx.out_dir)
         self.ctx.observer.event(TrialEvent.end(finished))
 
-    # --- faults --------------------------------------------------------------------------------
-
-    def _recover(self) -> None:
-        """Retry the trials of processes that stopped (every half heartbeat), and finish the
-        work of a process that stopped while it held the ledger's lock."""
-        if time.monotonic() < self.next_check:
-            return
-        self.next_check = time.monotonic() + max(POLL_S, self.spec.search.heartbeat_s / 2)
-        sweep = self.ledger.read()
-        holder = sweep.proposing
-        if holder is not None and holder != self.ledger.member and not self.ledger.alive(holder) \
-                and self.ledger.take_lock(holder):
-            self._repair(self.ledger.read())
-            self.ledger.unlock()
-        mine = {live.trial._trial_id for live in self.live.values()}
-        found = [t for t in lease.stale(self.study, self.spec.search.lease_s) if t._trial_id not in mine]
-        if found:
-            self._retry_lost([(t, _lost_reason(t)) for t in found])
-
-    def _retry_lost(self, trials: list[tuple[FrozenTrial, str]]) -> None:
-        """Fail trials whose process stopped and queue each again with the same params, seed and
-        batch, under the ledger's lock (no batch is proposed between a failure and its retry)."""
-        for _ in range(50):
-            if self.ledger.lock():
-                break
-            time.sleep(0.1)
-        else:
-            return  # the lock stays busy: the next check tries again (another process may do it)
-        for t, why in trials:
-            storage = self.study._storage
-            retry = t.user_attrs.get(ATTEMPT, 1) <= self.spec.search.max_retries
-            try:
-                if retry:
-                    storage.set_trial_system_attr(t._trial_id, INTERRUPTED, why)
-                else:  # lost too often (a trial that kills its machine?): it stays failed
-                    why = f"{why}; not retried: lost {t.user_attrs.get(ATTEMPT, 1)} times (search.max_retries)"
-                    storage.set_trial_user_attr(t._trial_id, INFO, {**t.user_attrs.get(INFO, {}), "reason": why})
-            except UpdateFinishedTrialError:
-                continue  # it finished meanwhile
-            if not lease.fail(self.study, t):  # it finished (or another process failed it) meanwhile
-                with contextlib.suppress(UpdateFinishedTrialError):
-                    storage.set_trial_system_attr(t._trial_id, INTERRUPTED, False)
-                continue
-            if retry:
-                self._enqueue_retry(t.params, t.user_attrs, t.number)
-            # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
-            close_trial_run(self.ctx.tracker, t.user_attrs.get(INFO, {}).get("mlflow_run_id"), "interrupted", why,
-                            status="FAILED")
-            self.ctx.observer.note(f"trial {t.number} was lost ({why})" +
-                                   (": retried with the same parameters" if retry else ""))
-        self.ledger.unlock()
-
-    def _enqueue_retry(self, params: dict[str, Any], attrs: dict[str, Any], number: int, **changes: Any) -> None:
-        """Queue another attempt at a trial's slot: same params, seed and batch (and the same
-        train.accumulate, unless ``changes`` sets another)."""
-        kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE) if k in attrs}
-        self.study.enqueue_trial(params, user_attrs={**kept, RETRY_OF: number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1,
-                                                     **changes})
-
-    def _retry_oom(self, live: _Live, reason: str) -> str:
-        """Queue a trial out of memory again, train.accumulate doubled, before it is told (its batch
-        stays unfinished: no later batch is proposed without the retry). Returns its reason."""
-        accumulate = faults.oom_retry(live.config.spec, live.trial.user_attrs.get(ATTEMPT, 1))
-        if accumulate is None:
-            return f"{reason}; not retried (search.max_retries, or train.accumulate is train.batch_size already)"
-        self._enqueue_retry(live.trial.params, live.trial.user_attrs, live.trial.number, **{ACCUMULATE: accumulate})
-        self.ctx.observer.note(f"trial {live.trial.number} ran out of memory: retried, train.accumulate={accumulate}")
-        return f"{reason}; retried with train.accumulate={accumulate}"
-
-    def _check_breaker(self, finished: TrialRecord) -> None:
-        """The circuit breaker: the first trials all failed alike and none trained, so the sweep
-        stops (every process: the ledger's stop request) with that error once running trials end."""
-        self.trained = self.trained or finished.state in ("complete", "pruned")
-        if self.trained or finished.state != "failed" or self.stopped is not None:
-            return
-        sweep = self.ledger.read()
-        cap = self._cap(sweep)
-        self.stopped = faults.breaker(self.spec, self.records(), None if cap is None else cap - sweep.proposed)
-        if self.stopped is not None:
-            self.ledger.request_stop()
-            self.ctx.observer.note("stopping: the first trials all failed with the same error")
-
-    def _repair(self, sweep: Sweep) -> None:
-        """Holding the lock of a process that stopped mid-way: every slot claimed so far gets a
-        trial (its batch's proposal, or the retry of its lost attempt)."""
-        trials = self.study.get_trials(deepcopy=False)
-        filled = {t.user_attrs.get(SLOT, t.number) for t in trials if not interrupted(t)}
-        for t in trials:
-            slot = t.user_attrs.get(SLOT, t.number)
-            if interrupted(t) and slot not in filled:
-                self._enqueue_retry(t.params, t.user_attrs, t.number)
-                filled.add(slot)
-        missing = [s for s in range(sweep.batch_start, sweep.proposed) if s not in filled]
-        if missing and not self.spec.search.reproducible:
-            self.ledger.release_slot()  # the stopped process claimed a slot and made no trial for it
-            self.ledger.lock()
-        elif missing:
-            params = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
-            for slot in missing:
-                self.study.enqueue_trial(params[slot - sweep.batch_start],
-                                         user_attrs={SLOT: slot, BATCH: sweep.batch_start})
-
     def records(self) -> list[TrialRecord]:
         """Every trial of the study (earlier invocations' and other processes' included)."""
         return [record(t) for t in self.study.get_trials(deepcopy=False)]
-
-
-def _lost_reason(t: FrozenTrial) -> str:
-    owner = t.system_attrs.get("sweeper_owner", "an unknown process")
-    return f"its process {owner} stopped renewing its lease"

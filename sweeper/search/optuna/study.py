@@ -136,4 +136,4 @@ def record(t: FrozenTrial) -> TrialRecord:
     return TrialRecord(number=t.number, state=STATE.get(t.state, "failed"), params=t.params, value=t.value,
                        seed=info.get("seed"), reason=reason, epochs=len(history), seconds=info.get("seconds"),
                        device=info.get("device"), mlflow_run_id=info.get("mlflow_run_id"),
-                       history=history)
+                       history=history, fused_with=info.get("fused_with", []))
