@@ -95,3 +95,47 @@ def test_a_write_mlflow_rejects_is_left_out_with_a_warning(mlflow_uri: str, tmp_
     assert client.get_run(run).data.params["lr"] == "0.1" and client.get_run(run).data.metrics == {"val_acc": 0.5}
     with pytest.raises(MlflowException, match="Changing param values is not allowed"):
         Tracker(mlflow_uri, "tracker-unit").log_params(run, {"lr": 0.3})
+
+
+def test_an_asynchronous_tracker_sends_from_its_own_thread_in_order(mlflow_uri: str, tmp_path: Path):
+    import threading
+
+    tracker = Tracker(mlflow_uri, "tracker-async", tmp_path / "journal", asynchronous=True)
+    sent: list[tuple[str, str]] = []  # (write, the thread that handed it to MLflow)
+    write = tracker.outbox.write
+
+    def recording(entry: dict, file: Path | None = None):
+        sent.append((entry["op"], threading.current_thread().name))
+        return write(entry, file)
+
+    tracker.outbox.write = recording
+    run = tracker.start_run("trial-0", tags={"kind": "trial"}, params={"lr": 0.1})
+    for step in range(1, 6):
+        tracker.log_metrics(run, step, {"val_acc": step / 10})
+    tracker.log_dict(run, {"a": 1}, "trial.json")
+    tracker.set_tags(run, {"state": "complete"})
+    tracker.end_run(run)
+    # a read waits for what was queued: all of it is there
+    history = sorted(tracker.metric_history(run, "val_acc"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in history] == [(step, step / 10) for step in range(1, 6)]
+    got = tracker.get_run(run)
+    assert got.data.tags[f"{TAG}state"] == "complete" and got.data.params["lr"] == "0.1"
+    assert got.info.status == "FINISHED" and tracker.read_json(run, "trial.json") == {"a": 1}
+    # the run's creation answered the caller; everything else went out on the sender thread, in order
+    assert sent[0] == ("create_run", "MainThread")
+    assert {thread for _, thread in sent[1:]} == {"sweeper-mlflow"}
+    assert [op for op, _ in sent][-2:] == ["log_batch", "set_terminated"]
+
+
+def test_writes_still_queued_when_the_process_exits_are_sent(mlflow_uri: str):
+    import subprocess
+    import sys
+
+    code = (f"from sweeper.track.mlflow import Tracker\n"
+            f"tracker = Tracker({mlflow_uri!r}, 'tracker-exit', asynchronous=True)\n"
+            f"run = tracker.start_run('trial-0')\n"
+            f"for step in range(1, 51):\n    tracker.log_metrics(run, step, {{'m': step}})\n"
+            f"tracker.end_run(run)\nprint(run)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    client = MlflowClient(mlflow_uri)
+    assert len(client.get_metric_history(run, "m")) == 50 and client.get_run(run).info.status == "FINISHED"

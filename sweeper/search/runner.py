@@ -43,7 +43,9 @@ def tracker_for(spec: SweepSpec, out_dir: Path | None = None) -> Tracker:
     uri = resolve_uri(spec.tracking.mlflow_uri)
     for attempt in range(TRACKER_ATTEMPTS):
         try:
-            return Tracker(uri, spec.tracking.experiment or spec.name, out_dir / JOURNAL if out_dir else None)
+            # a sweep's tracker sends what needs no answer from a thread of its own (track/sender.py)
+            return Tracker(uri, spec.tracking.experiment or spec.name, out_dir / JOURNAL if out_dir else None,
+                           asynchronous=out_dir is not None)
         except UserError:
             raise
         except Exception:  # processes starting together race to create (migrate) a new MLflow database

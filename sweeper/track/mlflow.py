@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from sweeper.errors import UserError
 from sweeper.track.journal import Journal
 from sweeper.track.outbox import Away, Outbox, Rejected, brief, first_line, http_status
+from sweeper.track.sender import Sender
 
 DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current directory
 TAG = "sweeper."  # sweeper's tag namespace
@@ -72,12 +73,14 @@ def redact(uri: str | None) -> str | None:
 class Tracker:
     """One MLflow tracking server (or store) and experiment; ``uri=None``: disabled.
     ``journal_dir``: where writes wait while the server is away (None: a failed write raises);
-    ``journal``: one to send (sync.py)."""
+    ``journal``: one to send (sync.py); ``asynchronous``: writes that need no answer are sent by
+    a thread of their own (sender.py), a sweep's coordinator does not wait for them."""
 
     def __init__(self, uri: str | None, experiment: str | None = None, journal_dir: Path | None = None,
-                 *, journal: Journal | None = None) -> None:
+                 *, journal: Journal | None = None, asynchronous: bool = False) -> None:
         self.uri, self.experiment, self.journal_dir = uri, experiment, journal_dir
         self._client = self.outbox = None
+        self.sender: Sender | None = None
         if uri is not None:
             from mlflow.tracking import MlflowClient
 
@@ -89,6 +92,7 @@ class Tracker:
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
             self.outbox = Outbox(self._client, lambda: self._experiment_id, redact(uri), journal_dir,
                                  {"uri": redact(uri), "experiment": experiment}, journal)
+            self.sender = Sender(self.outbox) if asynchronous else None
 
     @property
     def enabled(self) -> bool:
@@ -99,8 +103,21 @@ class Tracker:
         found = self._client.get_experiment_by_name(self.experiment)
         return found.experiment_id if found else self._client.create_experiment(self.experiment)
 
+    def drain(self) -> None:
+        """Wait until every write made so far was handed to the outbox (an asynchronous tracker)."""
+        if self.sender is not None:
+            self.sender.drain()
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        """A write that needs no answer: queued for the sender thread, or sent now."""
+        if self.sender is not None:
+            self.sender.put(entry)
+        else:
+            self.outbox.write(entry)
+
     def real_id(self, run_id: str | None) -> str | None:
         """The MLflow id of a run: a placeholder's once its journal is sent, else the id given."""
+        self.drain()
         try:
             return self.outbox.real(run_id, ask_mlflow=self.outbox.journal is None) if self.enabled else run_id
         except Exception:  # not sent yet, or MLflow cannot say now: the placeholder stays
@@ -122,7 +139,7 @@ class Tracker:
         """A finished or interrupted run goes on: RUNNING again (with these tags)."""
         if run_id is None:
             return
-        self.outbox.write({"op": "update_run", "run": run_id, "status": "RUNNING"})
+        self._write({"op": "update_run", "run": run_id, "status": "RUNNING"})
         self._batch(run_id, tags=tags)
 
     def log_params(self, run_id: str | None, params: dict[str, Any]) -> None:
@@ -144,7 +161,7 @@ class Tracker:
         now = _now_ms()
         metrics = [[k, float(v), now, step] for step, h in enumerate(history, first_step) for k, v in h.items()]
         for i in range(0, len(metrics), METRICS_PER_CALL):
-            self.outbox.write({"op": "log_batch", "run": run_id, "metrics": metrics[i:i + METRICS_PER_CALL]})
+            self._write({"op": "log_batch", "run": run_id, "metrics": metrics[i:i + METRICS_PER_CALL]})
 
     def log_dict(self, run_id: str | None, data: dict[str, Any], path: str) -> None:
         """``data`` as the JSON artifact ``path`` (e.g. "trial.json", "reports/a.json")."""
@@ -152,6 +169,10 @@ class Tracker:
 
     def log_text(self, run_id: str | None, text: str, path: str) -> None:
         if run_id is None:
+            return
+        if self.sender is not None:
+            self.sender.put({"op": "log_artifact", "run": run_id, "folder": str(Path(path).parent) if "/" in path
+                             else None}, text=(Path(path).name, text))
             return
         with tempfile.TemporaryDirectory(prefix="sweeper-artifact-") as tmp:
             file = Path(tmp) / Path(path).name
@@ -165,15 +186,15 @@ class Tracker:
     def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
         """status: FINISHED, FAILED or KILLED."""
         if run_id is not None:
-            self.outbox.write({"op": "set_terminated", "run": run_id, "status": status, "time": _now_ms()})
+            self._write({"op": "set_terminated", "run": run_id, "status": status, "time": _now_ms()})
 
     def _batch(self, run_id: str | None, params: dict[str, Any] | None = None,
                tags: dict[str, Any] | None = None) -> None:
         if run_id is None or not (params or tags):
             return
-        self.outbox.write({"op": "log_batch", "run": run_id,
-                           "params": {k: str(v)[:MAX_PARAM] for k, v in (params or {}).items()},
-                           "tags": {f"{TAG}{k}": str(v)[:MAX_TAG] for k, v in (tags or {}).items()}})
+        self._write({"op": "log_batch", "run": run_id,
+                     "params": {k: str(v)[:MAX_PARAM] for k, v in (params or {}).items()},
+                     "tags": {f"{TAG}{k}": str(v)[:MAX_TAG] for k, v in (tags or {}).items()}})
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -182,6 +203,7 @@ class Tracker:
         [] with a warning when MLflow does not answer (runs created offline are not listed)."""
         if parent is None or not self.enabled:
             return []
+        self.drain()
         having = "".join(f" and tags.`{TAG}{k}` = '{v}'" for k, v in (tags or {}).items())
         try:
             run_id = self.outbox.real(parent)
@@ -200,6 +222,7 @@ class Tracker:
         """The run (info, params, tags, last metrics); LookupError when it cannot be read."""
         from mlflow.exceptions import MlflowException
 
+        self.drain()
         try:
             return self._client.get_run(self.outbox.real(run_id))
         except (MlflowException, Away, Rejected) as exc:
@@ -226,6 +249,7 @@ class Tracker:
             raise LookupError(f"run {run_id} at {self.uri}: no artifact {path} ({first_line(exc)})") from None
 
     def metric_history(self, run_id: str, key: str) -> list[Any]:
+        self.drain()
         return self._client.get_metric_history(self.real_id(run_id), key)
 
 

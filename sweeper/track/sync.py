@@ -67,6 +67,7 @@ def sync_tracker(tracker: Tracker) -> SyncReport:
     when they were written for it)."""
     if not tracker.enabled or tracker.journal_dir is None:
         return SyncReport()
+    tracker.drain()  # the writes its sender thread holds come first
     before = tracker.outbox.sent
     live = tracker.outbox.flush(force=True)
     report = send_journals(tracker.journal_dir, fallback=tracker.uri)
