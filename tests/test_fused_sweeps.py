@@ -150,3 +150,18 @@ def test_fusing_is_spec_checked():
         SearchSpec(fuse=8, reproducible=False)
     with pytest.raises(ValueError, match="search.fuse is an Optuna backend option"):
         SearchSpec(backend="ray", fuse=8)
+
+
+def test_a_fused_model_that_fails_midway_keeps_the_ends_of_members_that_had_left():
+    configs = members("train.epochs=3")
+
+    def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
+        if epoch == 2:
+            raise RuntimeError("the fused model broke at epoch 2")
+        return number == 1  # trial 1 is pruned after epoch 1
+
+    outcomes = execute_group(configs, decide)
+    assert [o.state for o in outcomes] == ["failed", "pruned", "failed"]
+    assert outcomes[1].reason == "pruned at epoch 1" and len(outcomes[1].history) == 1
+    assert all("the fused model broke at epoch 2" in outcomes[k].reason for k in (0, 2))
+    assert all(o.info["fused_with"] == [0, 1, 2] for o in outcomes)

@@ -139,13 +139,16 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         for out in solo:
             out.info["fuse_fallback"] = str(exc)
         return solo
-    except torch.cuda.OutOfMemoryError as exc:  # the whole group: each member is retried (smaller steps)
-        for out in outs.values():
-            out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
-    except Exception as exc:  # the fused model failed as a whole: every member fails with it
-        for out in outs.values():
-            out.state = "failed"
-            out.reason, out.error = reason_of(exc), traceback.format_exc()
+    except Exception as exc:  # the fused model failed as a whole: its running members fail with it (out of
+        # memory: each is retried with smaller micro-batches); those pruned or failed before keep their end
+        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state in ("pruned", "failed")}
+        oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+        for number, out in outs.items():
+            if number in left:
+                out.state, out.reason = left[number].state, left[number].reason
+                continue
+            out.state, out.error = "failed", traceback.format_exc()
+            out.reason = f"{OOM}: {reason_of(exc)}" if oom else reason_of(exc)
             out.context_lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
     finally:
         release_device_memory()

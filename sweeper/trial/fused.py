@@ -249,6 +249,9 @@ def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberRe
             if not group.active:
                 break
             _epoch(group, epoch, criterion, report)
+    except Exception as exc:  # the members that had left (pruned, failed) keep their end: the caller's to read
+        exc.fused_members = members  # type: ignore[attr-defined]
+        raise
     finally:
         group.release()
     for member in members:
