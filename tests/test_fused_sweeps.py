@@ -13,6 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import config, kill_at_gate, learned, make_dist, sweeper, write_spec
+from test_faults import faulty  # noqa: F401 (a fixture: the greedy model plugin)
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import execute_group
 
@@ -165,3 +166,17 @@ def test_a_fused_model_that_fails_midway_keeps_the_ends_of_members_that_had_left
     assert outcomes[1].reason == "pruned at epoch 1" and len(outcomes[1].history) == 1
     assert all("the fused model broke at epoch 2" in outcomes[k].reason for k in (0, 2))
     assert all(o.info["fused_with"] == [0, 1, 2] for o in outcomes)
+
+
+def test_a_fused_model_out_of_memory_retries_its_members_fused_with_smaller_micro_batches(workdir: Path,
+                                                                                          faulty: None):
+    spec = write_spec(workdir / "s.yaml", model={"plugin": "greedy", "args": {"fits": 8}},
+                      search={"sampler": "random", "n_trials": 2, "batch_size": 2, "fuse": 2,
+                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1}}})
+    sweeper("run", str(spec), "--out", "out", "-q", check=True)
+    attempts = table(workdir / "out")
+    # batch 32: micro-batches of 32 and 16 do not fit, 8 do (accumulate 1 -> 2 -> 4), both members each time
+    assert [t["state"] for t in attempts] == ["failed"] * 4 + ["complete"] * 2
+    assert all(t["reason"].startswith("oom: OutOfMemoryError") for t in attempts[:4])
+    assert [sorted(t["fused_with"]) for t in attempts] == [[0, 1]] * 2 + [[2, 3]] * 2 + [[4, 5]] * 2
+    assert [t["params"] for t in attempts[4:]] == [t["params"] for t in attempts[:2]]  # the same two trials
