@@ -291,7 +291,12 @@ def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor]
 
     step_fn = vmap(grad_and_value(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0, None), randomness="different")
     n = data.train_x.shape[0]
-    orders = {id(m): torch.randperm(n, generator=m.order).to(device) for m in members}  # as the solo trainer draws
+    # each member's batch order, as the solo trainer draws it: row k is group.members[k]'s
+    orders = torch.zeros(len(group.members), n, dtype=torch.int64)
+    for m in members:
+        orders[group.members.index(m)] = torch.randperm(n, generator=m.order)
+    orders = orders.to(device)
+    running: list[int] = []  # ids of the members the rows and label smoothings below are for
     # each member's sums over the epoch, (all members,): indexed by its place in group.members
     totals = {"loss": torch.zeros(len(group.members), device=device), "norm": torch.zeros(len(group.members), device=device),
               "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64)}
@@ -301,10 +306,12 @@ def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor]
         members = group.active
         if not members:
             return
-        rows = torch.tensor([group.members.index(m) for m in members], device=device)
-        batch = torch.stack([orders[id(m)][step * train.batch_size:(step + 1) * train.batch_size] for m in members])
+        if [id(m) for m in members] != running:  # at the start, and after a member left: not every step
+            running = [id(m) for m in members]
+            rows = torch.tensor([group.members.index(m) for m in members], device=device)
+            eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
+        batch = orders[rows, step * train.batch_size:(step + 1) * train.batch_size]
         grads_sum: dict[str, torch.Tensor] | None = None
-        eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
         for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
             x = data.train_x[micro]
             if data.train_transform is not None:

@@ -78,7 +78,8 @@ class StackedOptimizer:
                           one_minus_beta2=[1 - b2 for _, b2 in betas],
                           step_size=[g["lr"] / (1 - b1 ** step) for g, (b1, _) in zip(groups, betas)],
                           bias2_sqrt=[math.sqrt(1 - b2 ** step) for _, b2 in betas], eps=[g["eps"] for g in groups])
-        return {key: torch.tensor(vals, dtype=torch.float32, device=device) for key, vals in values.items()}
+        table = torch.tensor(list(values.values()), dtype=torch.float32, device=device)  # one copy to the device
+        return dict(zip(values, table))
 
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
