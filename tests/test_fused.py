@@ -3,12 +3,18 @@ leave alone when pruned, fail alone when their loss is not finite; what cannot b
 
 from __future__ import annotations
 
+import contextlib
+import copy
+
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from conftest import config, learned
 from sweeper.errors import TrialPruned
 from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial import fused_forward
 from sweeper.trial.fused import fit_fused, why_not_fused
 from sweeper.trial.fused_optim import why_not_stacked
 
@@ -41,12 +47,14 @@ def assert_matches_solo(config: TrialConfig, history: list[dict[str, float]]) ->
             assert fused_epoch[key] == pytest.approx(value, rel=TOLERANCE, abs=1e-12), (config.number, key)
 
 
+@pytest.mark.parametrize("engine", ["layered", "vmap"])
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_each_fused_member_trains_as_its_solo_run(model: str):
+def test_each_fused_member_trains_as_its_solo_run(model: str, engine: str):
     configs = mixed(*([CNN] if model == "cnn" else []))
     seen: list[tuple[int, int]] = []
-    members = fit_fused(configs, CPU, lambda k, epoch, metrics: seen.append((k, epoch)))
+    members = fit_fused(configs, CPU, lambda k, epoch, metrics: seen.append((k, epoch)), layered=engine == "layered")
     assert [m.state for m in members] == ["complete"] * 3
+    assert {m.engine for m in members} == {engine}
     assert seen == [(k, e) for e in (1, 2, 3) for k in range(3)]  # every member reports every epoch
     for config, fused in zip(configs, members):
         assert_matches_solo(config, fused.history)
@@ -125,3 +133,53 @@ def test_what_cannot_be_fused_says_why():
     assert "fp16 needs a loss scaler" in why_not_fused([member(0, "train.precision=fp16")])
     with pytest.raises(ValueError, match="cannot be fused: train.epochs differs"):
         fit_fused([member(0), member(1, "train.epochs=2")], CPU, lambda *a: None)
+
+
+class Residual(nn.Module):
+    """A forward of its own (a skip connection) over layers that all have a layered form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=2), nn.BatchNorm2d(4))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.head(torch.relu(self.body(h) + h))
+
+
+class MixesChannels(Residual):
+    """Its forward looks across channels: in the layered layout it would mix the members."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.stem(x))
+        return self.head(h - h.mean(1, keepdim=True))
+
+
+@pytest.mark.parametrize("model, kind", [(Residual, "layered"), (MixesChannels, "vmap")])
+def test_the_layered_layout_is_used_where_it_equals_vmap_and_gives_each_member_its_own_numbers(model, kind):
+    torch.manual_seed(0)
+    models = [model() for _ in range(3)]
+    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+              for n, _ in models[0].named_parameters()}
+    buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in models]) for n, _ in models[0].named_buffers()}
+    x = torch.randn(8, 1, 6, 6)
+    chosen = fused_forward.engine(copy.deepcopy(models[0]).to("meta"), params, buffers, x, [0.0] * 3,
+                                  contextlib.nullcontext)
+    assert chosen.kind == kind
+    predicted = chosen.predict(params, buffers, x)
+    xs, ys = torch.randn(3, 8, 1, 6, 6), torch.randint(0, 3, (3, 8))
+    grads, loss, right = chosen.step(params, buffers, xs, ys, torch.zeros(3), 1.0)
+    for k, solo in enumerate(models):  # each member's numbers are its own model's
+        torch.testing.assert_close(predicted[k], solo.eval()(x), rtol=1e-4, atol=1e-6)
+        solo.train()
+        out = solo(xs[k])
+        solo_loss = F.cross_entropy(out, ys[k])
+        solo_loss.backward()
+        assert loss[k].item() == pytest.approx(solo_loss.item(), rel=1e-5)
+        assert right[k].item() == (out.argmax(-1) == ys[k]).sum().item()
+        for name, param in solo.named_parameters():
+            torch.testing.assert_close(grads[name][k], param.grad, rtol=1e-4, atol=1e-6)
+        for name, buffer in solo.named_buffers():  # BatchNorm's running statistics, updated per member
+            torch.testing.assert_close(buffers[name][k], buffer, rtol=1e-4, atol=1e-6)

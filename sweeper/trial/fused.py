@@ -2,17 +2,18 @@
 
 Each member is built exactly as its solo trial is (seeded, from the plugins: its own model, optimizer
 and schedule), then its parameters and buffers become views into stacked tensors of shape
-(members, ...). A step runs the forward and backward of every member at once (``torch.func``:
-``vmap`` over ``grad`` of a ``functional_call``), writes each member's gradients into its own
-parameters' ``.grad`` (views too), and steps each member's own optimizer and schedule: the update
-math is torch's own, per member, so a member follows its solo run up to float rounding
-(tests/test_fused.py states the measured difference).
+(members, ...). A step runs the forward and backward of every member at once (fused_forward.py:
+the layered layout, one grouped kernel per layer, where the model allows; else ``vmap`` over
+``grad`` of a ``functional_call``), then steps every member's optimizer and schedule (one stacked
+update where their optimizers allow, fused_optim.py): the update math is torch's own, per member,
+so a member follows its solo run up to float rounding (tests/test_fused.py states the measured
+difference).
 
 What stays each member's own: initialisation (its seed), batch order and augmentation draws (its
 generators), learning rate, weight decay, momentum/betas and any other optimizer setting, LR
 schedule, label smoothing, gradient clipping, BatchNorm statistics, its per-epoch metrics and its
 non-finite guard (a member whose loss is not finite fails alone; a pruned member leaves and the
-others go on). Dropout masks are drawn per member (``randomness="different"``) but not from the
+others go on). Dropout masks are drawn per member (each its own elements of the draw) but not from the
 solo run's stream: members with dropout match their solo run in distribution, not bitwise.
 
 Pure PyTorch like the trainer: no optuna, mlflow or ray here.
@@ -29,14 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.pluginhost import registry
-from sweeper.trial import checkpoint, speed
+from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import TrialConfig, TrialParts, build
+from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
 
@@ -44,11 +45,6 @@ from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
 MemberReport = Callable[[int, int, dict[str, float]], None]
 # Settings every member of a group must share: they fix the shapes and the sequence of steps.
 SHARED = ("batch_size", "accumulate", "epochs", "eval_batch_size", "precision", "device", "deterministic")
-
-
-class NotFusable(Exception):
-    """The fused model's first step failed (a forward that vmap cannot batch, say): nothing has
-    trained yet, so the members can train one at a time instead."""
 
 
 @dataclass
@@ -63,6 +59,7 @@ class Member:
     history: list[dict[str, float]] = field(default_factory=list)
     state: str = "running"  # running | complete | pruned | failed
     reason: str | None = None
+    engine: str = ""  # how the group computed: "layered" or "vmap" (fused_forward.py)
 
     def training_state(self) -> checkpoint.State:
         """The member's training state, as the solo trainer saves it (its own storage: call after
@@ -148,6 +145,7 @@ class FusedGroup:
         self.members = members
         self.template = copy.deepcopy(members[0].parts.model).to("meta")  # structure only
         self.stepper: StackedOptimizer | None = None
+        self.engine: fused_forward.Engine | None = None  # set by fit_fused, which has a batch to check it on
         self.why_per_member = "asked for" if not stacked else why_not_stacked([m.parts.optimizer for m in members])
         if self.why_per_member is None:
             model, optimizer = members[0].parts.model, members[0].parts.optimizer
@@ -226,11 +224,12 @@ class FusedGroup:
 
 
 def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberReport,
-              stacked: bool = True) -> list[Member]:
+              stacked: bool = True, layered: bool = True) -> list[Member]:
     """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
     the members with their history and end state. Each member's model keeps its weights.
     ``stacked``: one update for all members where their optimizers allow (fused_optim.py);
-    False steps each member's own torch optimizer (the reference the tests compare with)."""
+    False steps each member's own torch optimizer (the reference the tests compare with).
+    ``layered``: the layered layout where the model allows (fused_forward.py); False: vmap."""
     reason = why_not_fused(configs)
     if reason is not None:
         raise ValueError(f"these trials cannot be fused: {reason}")
@@ -241,14 +240,20 @@ def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberRe
                               torch.Generator(device=device).manual_seed(config.seed + 1),
                               [group["lr"] for group in parts.optimizer.param_groups]))
     group = FusedGroup(members, stacked)
-    train = configs[0].spec.train
-    smoothing = [m.config.spec.train.label_smoothing for m in members]
-    criterion = _criterion(smoothing)
+    train, data = configs[0].spec.train, members[0].parts.data
+    dtype = amp_dtype(device, train.precision)
     try:
+        group.engine = fused_forward.engine(  # layered where the model allows, checked on 32 validation samples
+            group.template, group.params, group.buffers, data.inputs(data.val_x[:32]),
+            [m.config.spec.train.label_smoothing for m in members],
+            lambda: torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext(),
+            layered)
+        for member in members:
+            member.engine = group.engine.kind
         for epoch in range(1, train.epochs + 1):
             if not group.active:
                 break
-            _epoch(group, epoch, criterion, report)
+            _epoch(group, epoch, report)
     except Exception as exc:  # the members that had left (pruned, failed) keep their end: the caller's to read
         exc.fused_members = members  # type: ignore[attr-defined]
         raise
@@ -260,36 +265,13 @@ def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberRe
     return members
 
 
-def _criterion(smoothing: list[float]) -> Callable[..., torch.Tensor]:
-    """Cross-entropy with each member's label smoothing: torch's own when all share one value."""
-    if len(set(smoothing)) == 1:
-        return lambda out, y, eps: F.cross_entropy(out, y, label_smoothing=smoothing[0])
-
-    def smoothed(out: torch.Tensor, y: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        logp = F.log_softmax(out, dim=-1)
-        nll = -logp.gather(-1, y[:, None]).mean()
-        return (1 - eps) * nll + eps * (-logp.mean(-1)).mean()
-    return smoothed
-
-
-def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor], report: MemberReport) -> None:
+def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
     members = group.active
     first = members[0]
     data, train = first.parts.data, first.config.spec.train
     device = data.train_x.device
     start = time.perf_counter()
-    template = group.template.train()
-    dtype = amp_dtype(device, train.precision)
-    autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
-    def loss_of(params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor,
-                weight: float) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        with autocast:  # as the solo trainer: the forward and the loss under autocast (bf16 on CUDA)
-            out = functional_call(template, (params, buffers), (x,))
-            loss = criterion(out, y, eps)
-        return loss * weight, (loss.detach(), (out.argmax(-1) == y).sum())
-
-    step_fn = vmap(grad_and_value(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0, None), randomness="different")
     n = data.train_x.shape[0]
     # each member's batch order, as the solo trainer draws it: row k is group.members[k]'s
     orders = torch.zeros(len(group.members), n, dtype=torch.int64)
@@ -318,14 +300,13 @@ def _epoch(group: FusedGroup, epoch: int, criterion: Callable[..., torch.Tensor]
                 x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
             x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
             try:
-                grads, (_, (loss, right)) = step_fn(group.params, group.buffers, x, data.train_y[micro], eps,
-                                                    micro.shape[1] / batch.shape[1])
+                grads, loss, right = group.engine.step(group.params, group.buffers, x, data.train_y[micro], eps,
+                                                       micro.shape[1] / batch.shape[1])
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as exc:
                 if epoch == 1 and step == 0:
-                    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-                    raise NotFusable(f"the fused step failed ({type(exc).__name__}: {first_line})") from exc
+                    raise NotFusable.because(exc) from exc
                 raise
             grads_sum = grads if grads_sum is None else {k: grads_sum[k] + grads[k] for k in grads}
             totals["loss"].index_add_(0, rows, loss.float() * micro.shape[1])
@@ -357,16 +338,12 @@ def _evaluate_and_report(group: FusedGroup, epoch: int, totals: dict[str, torch.
         return
     started = time.perf_counter()
     data, train = members[0].parts.data, members[0].config.spec.train
-    template = group.template.eval()
     n = data.val_x.shape[0]
-    forward = vmap(lambda p, b, x: functional_call(template, (p, b), (x,)), in_dims=(0, 0, None))
     loss = torch.zeros(len(members), device=data.val_x.device)
     correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
-    dtype = amp_dtype(data.val_x.device, train.precision)
-    autocast = torch.autocast(data.val_x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-    with torch.inference_mode(), autocast:
+    with torch.inference_mode(), group.engine.autocast():
         for part in eval_batches(n, train.eval_batch_size):
-            out = forward(group.params, group.buffers, data.inputs(data.val_x[part])).float()  # (members, batch, classes)
+            out = group.engine.predict(group.params, group.buffers, data.inputs(data.val_x[part])).float()  # (members, batch, classes)
             y = data.val_y[part]
             loss += F.cross_entropy(out.flatten(0, 1), y.repeat(len(members)), reduction="none").view(len(members), -1).sum(1)
             correct += (out.argmax(-1) == y).sum(1)
