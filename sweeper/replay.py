@@ -1,26 +1,31 @@
 """Replay one trial from its MLflow run (its trial.json: see track/records.py) and compare every
-per-epoch metric with the record."""
+per-epoch metric with the record. A trial trained fused with others trains again with the same
+members, fused as before (so bitwise on a CPU), or alone with ``solo``."""
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.pluginhost.binding import provenance
 from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import load_trial
 from sweeper.trial.build import TrialConfig
-from sweeper.trial.execute import execute
+from sweeper.trial.execute import Decide, Outcome, execute, execute_group
 from sweeper.trial.seeding import derive
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
 UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
 GPU_RTOL = 1e-3  # relative tolerance on CUDA without train.deterministic (kernel choice varies)
-# A fused trial (trained with others as one model) replays solo: batched kernels round differently.
-# fp32 on the CPU measured at most 2.2e-7 relative (tests/test_fused.py); this bounds it.
+# A fused trial (trained with others as one model) replayed solo: batched kernels round differently.
+# fp32 on the CPU measured at most 2.2e-7 relative over 3 epochs (tests/test_fused.py); this bounds
+# it. A trial whose training amplifies rounding (a high learning rate: as a change of thread count
+# does) can drift past it: replayed with its fused group it is bitwise.
 FUSED_RTOL = 1e-5
 
 
@@ -34,13 +39,15 @@ class ReplayReport:
     mismatches: list[tuple[int, str, float, float]] = field(default_factory=list)  # epoch, metric, recorded, replayed
     warnings: list[str] = field(default_factory=list)
     state: str = ""
+    fused_with: list[int] = field(default_factory=list)  # the members it trained with again (fused), if any
+    fused_alone: bool = False  # it trained fused, and was replayed alone
 
     @property
     def matches(self) -> bool:
         return not self.mismatches
 
 
-def replay(run_id: str, tracking_uri: str) -> ReplayReport:
+def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
     tracker = Tracker(tracking_uri)
     run, record = load_trial(tracker, run_id)
     tags = run.data.tags
@@ -54,8 +61,7 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
     tolerance = GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0
-    if f"{TAG}fused_with" in tags:  # trained fused, replayed solo
-        tolerance = max(tolerance, FUSED_RTOL)
+    members = json.loads(tags.get(f"{TAG}fused_with", "[]"))
     report = ReplayReport(run_id, record.number, epochs, tolerance)
 
     for kind_name, version in provenance(spec).items():
@@ -65,17 +71,24 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
     if record.data_seed != derive(spec.seed, "data"):
         report.warnings.append(f"data seed: recorded {record.data_seed}, this sweeper derives "
                                f"{derive(spec.seed, 'data')} (the data split may differ)")
-    recorded_state = tags.get(f"{TAG}state")
+    stops = {record.number: (tags.get(f"{TAG}state"), epochs)}
 
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
-        return recorded_state == "pruned" and epoch >= epochs  # stop where the original was stopped
+        state, stopped_at = stops[number]
+        return state == "pruned" and epoch >= stopped_at  # stop where the original was stopped
 
     with tempfile.TemporaryDirectory() as tmp:
         config = TrialConfig(record.number, record.seed, record.params, spec, record.threads,
                              str(Path(tmp) / "replay.pt"))
-        outcome = execute(config, decide)
+        outcome = None
+        if len(members) > 1 and not solo:
+            outcome = _replay_fused(tracker, run, config, members, stops, decide, Path(tmp), report)
+        if outcome is None:
+            if len(members) > 1:  # trained fused, replayed solo
+                report.tolerance, report.fused_alone = max(report.tolerance, FUSED_RTOL), True
+            outcome = execute(config, decide)
     report.state = outcome.state
-    if outcome.state == "failed" and recorded_state != "failed":
+    if outcome.state == "failed" and tags.get(f"{TAG}state") != "failed":
         report.warnings.append(f"the replay failed: {outcome.reason}")
     for key in ("torch", "cuda", "device_name", "data_fingerprint"):
         old, new = tags.get(f"{TAG}{key}"), outcome.info.get(key)
@@ -90,6 +103,38 @@ def replay(run_id: str, tracking_uri: str) -> ReplayReport:
             if not _same(old, new, report.tolerance):
                 report.mismatches.append((epoch, metric, old, new))
     return report
+
+
+def _replay_fused(tracker: Tracker, run: Any, config: TrialConfig, members: list[int],
+                  stops: dict[int, tuple[str | None, int]], decide: Decide, tmp: Path,
+                  report: ReplayReport) -> Outcome | None:
+    """Train ``config`` again with the members of its fused model, in their order; None (and a
+    warning) where a member's run cannot be found (replay solo then)."""
+    parent = run.data.tags.get("mlflow.parentRunId")
+    ids = tracker.trial_run_ids(parent, members) if parent else {}
+    missing = [n for n in members if n != config.number and n not in ids]
+    if missing:
+        report.warnings.append(f"trained fused with trials {members}, but the runs of {missing} were not found: "
+                               f"replayed alone")
+        return None
+    configs = []
+    metric = config.spec.objective.metric
+    for number in members:
+        if number == config.number:
+            configs.append(config)
+            continue
+        sibling, record = load_trial(tracker, ids[number])
+        stops[number] = (sibling.data.tags.get(f"{TAG}state"), len(_by_epoch(tracker.metric_history(ids[number], metric))))
+        configs.append(TrialConfig(record.number, record.seed, record.params, record.spec, record.threads,
+                                   str(tmp / f"replay-{number}.pt")))
+    outcome = next(o for o in execute_group(configs, decide) if o.number == config.number)
+    if "fused_with" in outcome.info:
+        report.fused_with = members
+    else:  # the group could not train fused this time: its members trained alone
+        report.tolerance = max(report.tolerance, FUSED_RTOL)
+        report.warnings.append(f"its fused model could not be built again ({outcome.info.get('fuse_fallback')}): "
+                               f"replayed alone")
+    return outcome
 
 
 def _by_epoch(metrics: list) -> list[float]:

@@ -63,10 +63,15 @@ def test_a_fused_sweep_reruns_identically_matches_its_solo_twin_and_replays(work
     best = json.loads((workdir / "fused" / "summary.json").read_text())["best"]
     assert Path(best["checkpoint"]).is_file() and (workdir / "fused" / "model.torchscript.pt").is_file()
 
-    replayed = sweeper("replay", member["mlflow_run_id"])  # trained solo, compared with the fused record
+    replayed = sweeper("replay", member["mlflow_run_id"])  # trained again with its fused model's members
     text = " ".join(replayed.stdout.split())
     assert replayed.returncode == 0, replayed.stdout
-    assert f"trial {member['number']} reproduced" in text and "within relative 1e-05" in text
+    assert f"trial {member['number']} reproduced (trained again fused with trials {member['fused_with']})" in text
+    assert "every metric equal bitwise" in text
+    replayed = sweeper("replay", member["mlflow_run_id"], "--solo")  # trained alone, compared with the fused record
+    text = " ".join(replayed.stdout.split())
+    assert replayed.returncode == 0, replayed.stdout
+    assert f"trial {member['number']} reproduced:" in text and "within relative 1e-05" in text
 
 
 def test_a_killed_fused_sweep_resumes_to_the_table_of_an_uninterrupted_one(workdir: Path, gate: Path):

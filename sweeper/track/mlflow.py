@@ -218,6 +218,20 @@ class Tracker:
             return []
         return [r.info.run_id for r in runs]
 
+    def trial_run_ids(self, parent: str, numbers: list[int]) -> dict[int, str]:
+        """The newest nested run of ``parent`` for each trial number (tag sweeper.trial), any status."""
+        self.drain()
+        run_id = self.outbox.real(parent)
+        exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
+        found: dict[int, str] = {}
+        for number in numbers:
+            runs = self.outbox.retrying(lambda: self._client.search_runs(
+                [exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG}trial` = '{number}'",
+                order_by=["attributes.start_time DESC"], max_results=1))
+            if runs:
+                found[number] = runs[0].info.run_id
+        return found
+
     def get_run(self, run_id: str) -> Any:
         """The run (info, params, tags, last metrics); LookupError when it cannot be read."""
         from mlflow.exceptions import MlflowException
