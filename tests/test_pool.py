@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 from conftest import config, learned
-from sweeper.search.pool import InlineExecutor, ProcessPool, executor
+from sweeper.search import pool as pool_module
+from sweeper.search.pool import InlineExecutor, ProcessPool, discard_prestarted, executor, prestart
 from sweeper.trial.build import TrialConfig
 
 
@@ -55,7 +56,10 @@ def test_inline_executor_runs_one_trial_at_a_time(tmp_path: Path):
 
 def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
     calls = Calls(prune=1, at=2)
+    prestart(2)  # as run_sweep does, before its preflight: the pool takes these workers
+    early = [proc.pid for proc, _ in pool_module._prestarted]
     pool = ProcessPool(2, calls.decide, calls.record)
+    assert [proc.pid for proc in pool.procs] == early and not pool_module._prestarted
     try:
         pool.submit([task(0, tmp_path)])
         pool.submit([task(1, tmp_path)])
@@ -75,6 +79,13 @@ def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
     inline = InlineExecutor(lambda *a: False, lambda *a: None)
     inline.submit([task(0, tmp_path / "inline")])
     assert learned(next(inline.results()).history) == learned(outcomes[0].history)
+
+
+def test_prestarted_workers_that_no_pool_takes_are_stopped():
+    prestart(2)
+    procs = [proc for proc, _ in pool_module._prestarted]
+    discard_prestarted()  # the sweep stopped before it trained (a spec or preflight error)
+    assert not pool_module._prestarted and not any(proc.is_alive() for proc in procs)
 
 
 def test_a_dead_worker_interrupts_its_trial_and_is_replaced(tmp_path: Path):

@@ -139,3 +139,25 @@ def test_writes_still_queued_when_the_process_exits_are_sent(mlflow_uri: str):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     client = MlflowClient(mlflow_uri)
     assert len(client.get_metric_history(run, "m")) == 50 and client.get_run(run).info.status == "FINISHED"
+
+
+def test_a_new_sqlite_database_starts_as_a_copy_of_an_empty_one_mlflow_made(tmp_path: Path, monkeypatch):
+    from sweeper.track import empty_db
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    first = Tracker(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "seeded")  # MLflow makes the cached one
+    assert empty_db.cache_file().is_file() and (tmp_path / "a" / "mlflow.db").is_file()
+    # the next new database is a copy; an existing one is left alone
+    assert empty_db.seed("sqlite:///b.db") and not empty_db.seed("sqlite:///b.db")
+    assert not empty_db.seed(f"sqlite:///{tmp_path / 'c.db'}?mode=ro")  # a URI with options: MLflow's own
+    trackers = {f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}": first, "sqlite:///b.db": Tracker("sqlite:///b.db", "seeded")}
+    for uri, tracker in trackers.items():
+        run = tracker.start_run("sweep", tags={"kind": "sweep"})
+        tracker.log_metrics(run, 1, {"val_acc": 0.5})
+        tracker.drain()
+        client = MlflowClient(uri)
+        assert client.get_run(run).data.metrics == {"val_acc": 0.5}
+        # MLflow's Default experiment, made where the database is opened (not where the cached one was made)
+        default = client.get_experiment("0")
+        assert default.name == "Default" and default.artifact_location == str(tmp_path / "mlruns" / "0")

@@ -42,6 +42,32 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+# Worker processes spawned before their pool (prestart): (process, this side's pipe), by index
+_prestarted: list[tuple[Any, Connection]] = []
+
+
+def prestart(n: int) -> None:
+    """Spawn ``n`` worker processes now: their start (importing torch, then torch._dynamo, which
+    torch.optim imports on first use: ~3 s a process here) overlaps this process's own (the
+    preflight, MLflow, the Optuna storage). The next ProcessPool takes them."""
+    ctx = mp.get_context("spawn")
+    for index in range(len(_prestarted), n):
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_worker_loop, args=(index, theirs, os.getpid()), daemon=True)
+        proc.start()
+        theirs.close()
+        _prestarted.append((proc, mine))
+
+
+def discard_prestarted() -> None:
+    """Stop the prestarted workers no pool took (the sweep stopped before it trained)."""
+    while _prestarted:
+        proc, conn = _prestarted.pop()
+        proc.terminate()  # it holds nothing yet: no trial, no file
+        proc.join(timeout=5)
+        conn.close()
+
+
 def executor(parallel: int, decide: Decide, record: Record) -> Executor:
     return InlineExecutor(decide, record) if parallel == 1 else ProcessPool(parallel, decide, record)
 
@@ -102,8 +128,14 @@ class ProcessPool:
         self.decide, self.record = decide, record
         self.procs: list[Any] = [None] * n
         self.conns: list[Connection] = [None] * n  # type: ignore[list-item]
+        taken = _prestarted[:n]
+        del _prestarted[:n]
+        discard_prestarted()  # more than this pool needs
         for index in range(n):
-            self._start_worker(index)
+            if index < len(taken):
+                self.procs[index], self.conns[index] = taken[index]
+            else:
+                self._start_worker(index)
         self.running: dict[int, list[TrialConfig]] = {}  # worker index -> its task
         self.oom_kills = oom_kill_count()
 
@@ -242,6 +274,10 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
         conn.send(("epoch", (number, epoch, metrics)))
         return conn.recv()
 
+    import torch
+
+    # torch.optim's first use imports torch._dynamo (~1.5 s): now, while the coordinator starts
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     try:
         while (task := conn.recv()) is not None:
             outcomes = execute_group(task, decide, index)

@@ -15,7 +15,7 @@ import yaml
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost.binding import check_plugins
-from sweeper.search import backend, checkpoints
+from sweeper.search import backend, checkpoints, pool
 from sweeper.search.backend import Observer, SearchContext, SearchResult
 from sweeper.search.state import Prepared, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
@@ -92,16 +92,21 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
                         "use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
-    # data prepared once, each plugin choice built on the CPU: before any file, run or trial
-    for warning in dry_build(spec).warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
-        store = searcher.store(spec, out_dir)
-        try:
-            return _serve(spec, out_dir, observer, role, searcher, store)
-        finally:
-            store.close()
+    if spec.search.backend == "optuna" and spec.search.parallel > 1:
+        pool.prestart(spec.search.parallel)  # the workers start while this process prepares
+    try:
+        # data prepared once, each plugin choice built on the CPU: before any file, run or trial
+        for warning in dry_build(spec).warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
+            store = searcher.store(spec, out_dir)
+            try:
+                return _serve(spec, out_dir, observer, role, searcher, store)
+            finally:
+                store.close()
+    finally:
+        pool.discard_prestarted()  # none when the pool took them
 
 
 def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer) -> Prepared:

@@ -8,7 +8,8 @@ Writes go through an outbox (outbox.py): tried again while the server does not a
 kept in a journal in ``journal_dir`` (journal.py) until it is back; tracking never stops a
 sweep. A tracking server that refuses the credentials (HTTP 401) or their rights (403) is the
 user's to fix: any call raises TrackingRefused, a UserError (sweeper.errors: the CLI shows it as
-one paragraph, exit 2). Of sweeper, this adapter imports only errors, the outbox and the journal.
+one paragraph, exit 2). Of sweeper, this adapter imports only errors, the outbox, the journal,
+the sender and empty_db (a new sqlite database as a copy of a cached empty one).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweeper.errors import UserError
+from sweeper.track import empty_db
 from sweeper.track.journal import Journal
 from sweeper.track.outbox import Away, Outbox, Rejected, brief, first_line, http_status
 from sweeper.track.sender import Sender
@@ -89,6 +91,7 @@ class Tracker:
                 logging.getLogger(name).setLevel(logging.WARNING)
             for key, value in MLFLOW_ENV.items():
                 os.environ.setdefault(key, value)
+            empty_db.seed(uri)
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
             self.outbox = Outbox(self._client, lambda: self._experiment_id, redact(uri), journal_dir,
                                  {"uri": redact(uri), "experiment": experiment}, journal)
