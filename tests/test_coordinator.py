@@ -146,6 +146,22 @@ def test_a_trial_is_pruned_against_earlier_batches_only(tmp_path: Path):
     assert [r.state for r in eager.records()] == ["complete"] * 2 + ["pruned"] * 3
 
 
+def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_each(tmp_path: Path, monkeypatch):
+    builds: list[tuple[int, bool]] = []
+    build = Coordinator._view
+
+    def counted(self, batch, sampler=None):
+        builds.append((batch, sampler is None))
+        return build(self, batch, sampler)
+
+    monkeypatch.setattr(Coordinator, "_view", counted)
+    shared, _ = sweep(tmp_path / "shared", slots=4)
+    assert [batch for batch, for_shadows in builds if for_shadows] == [0, 4, 8]  # one per batch, not per trial
+    monkeypatch.setattr(Coordinator, "_shadow", lambda self, batch: build(self, batch).ask())  # a view each
+    each, _ = sweep(tmp_path / "each", slots=4)
+    assert table(shared) == table(each) and {row[1] for row in table(shared)} == {"complete", "pruned"}
+
+
 def test_grid_sampler_runs_each_point_once(tmp_path: Path):
     coordinator, _ = sweep(tmp_path, "search.sampler=grid", "search.space.optimizer.args.lr="
                            "{type: categorical, choices: [1.0e-3, 1.0e-2]}", budget=None)

@@ -72,6 +72,7 @@ class Coordinator(Recovery):
         self.spec, self.study, self.ledger, self.heartbeat, self.ctx = spec, study, ledger, heartbeat, ctx
         self.live: dict[int, _Live] = {}
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
+        self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)
         self.threads = threads_per_trial(spec)
         self.next_check = 0.0  # monotonic time to look for stale trials next
         records = self.records()
@@ -215,6 +216,17 @@ class Coordinator(Recovery):
         view.add_trials(self._finished_before(batch))
         return view
 
+    def _shadow(self, batch: int) -> optuna.Trial:
+        """A trial's shadow: a new trial in a view of the batches before ``batch``. The median
+        pruner (and none) looks only at complete trials and the trial itself, so the trials of a
+        batch share one view, built once (each build copies every finished trial: 15 ms at 250).
+        ASHA and Hyperband look at running trials too (Hyperband at the trial's number): a view each."""
+        if self.spec.search.pruner.type not in ("median", "none"):
+            return self._view(batch).ask()
+        if self.shared_view[0] != batch:
+            self.shared_view = (batch, self._view(batch))
+        return self.shared_view[1].ask()
+
     def _batch_params(self, batch: int, size: int) -> list[dict[str, Any]]:
         """The params of the batch starting at slot ``batch``: a function of the seed and of the
         earlier batches' results only (whichever process computes it)."""
@@ -244,7 +256,7 @@ class Coordinator(Recovery):
     def _config(self, trial: optuna.Trial) -> TrialConfig:
         values = sp.suggest(self.spec.search.space, trial)
         slot, batch = trial.user_attrs.get(SLOT, trial.number), trial.user_attrs.get(BATCH)
-        shadow = self._view(batch).ask() if self.spec.search.reproducible and batch is not None else None
+        shadow = self._shadow(batch) if self.spec.search.reproducible and batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
         config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values,
                              self.spec.with_values({**values, **resized}), self.threads,
