@@ -110,8 +110,9 @@ def test_trial_of_a_killed_process_is_retried_with_its_params_and_seed(workdir: 
     kill_at_gate(gate, "run", str(spec), *args, "--out", "out", "-q", what="trial 0 reaching its gate")
     storage = f"sqlite:///{workdir / 'out' / 'optuna.db'}"
     trials = optuna.load_study(study_name="smoke", storage=storage).trials
-    running = next(t for t in trials if t.state.name == "RUNNING" and t.intermediate_values)
-    assert running.number == 0 and list(running.intermediate_values) == [1]
+    (running,) = [t for t in trials if t.state.name == "RUNNING"]
+    # its epoch 1 reaches the study with the heartbeat's next write (within 1 s), or with its end
+    assert running.number == 0 and list(running.intermediate_values) in ([], [1])
 
     (gate / "release").touch()
     sweeper("run", str(spec), *args, "--out", "out", "-q", check=True)

@@ -6,6 +6,7 @@ its trials inline or in a local worker pool.
 - ledger.py       sweeper's rows beside the study: preparation, budget claims, members, stop
 - store.py        joining a sweep: the study and ledger of this process, the spec check
 - lease.py        trial leases: heartbeats, stale trials
+- writes.py       a trial's claim, lease renewal and end, one transaction each
 - coordinator.py  claim, propose in batches, prune against earlier batches, tell, log, retry
 """
 

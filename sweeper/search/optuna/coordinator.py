@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -35,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
-from sweeper.search.optuna import lease
+from sweeper.search.optuna import lease, writes
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.recovery import POLL_S, Recovery
 from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, RETRY_OF, SLOT,
@@ -61,6 +61,7 @@ class _Live:
     run_id: str | None
     shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
     lost: bool = False  # another process failed it: this process's lease had run out
+    epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
 
 
 class Coordinator(Recovery):
@@ -149,8 +150,7 @@ class Coordinator(Recovery):
         for t in waiting:
             if claimed and (self.fuse == 1 or self._chunk(t) != self._chunk(claimed[0])):
                 continue
-            if self.study._storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                self.heartbeat.hold(t._trial_id)
+            if self.heartbeat.claim(t._trial_id):
                 claimed.append(optuna.Trial(self.study, t._trial_id))
         return claimed
 
@@ -179,8 +179,8 @@ class Coordinator(Recovery):
         size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
         if not self.ledger.claim_batch(sweep, size):
             return True
-        for slot, params in enumerate(self._batch_params(sweep.proposed, size), start=sweep.proposed):
-            self.study.enqueue_trial(params, user_attrs={SLOT: slot, BATCH: sweep.proposed})
+        for slot, proposed in enumerate(self._batch_params(sweep.proposed, size), start=sweep.proposed):
+            self._enqueue(proposed, {SLOT: slot, BATCH: sweep.proposed})
         self.ledger.unlock()  # only once all are enqueued: a process that dies before is repaired
         return True
 
@@ -227,9 +227,9 @@ class Coordinator(Recovery):
             self.shared_view = (batch, self._view(batch))
         return self.shared_view[1].ask()
 
-    def _batch_params(self, batch: int, size: int) -> list[dict[str, Any]]:
-        """The params of the batch starting at slot ``batch``: a function of the seed and of the
-        earlier batches' results only (whichever process computes it)."""
+    def _batch_params(self, batch: int, size: int) -> list[FrozenTrial]:
+        """The trials (params and distributions) of the batch starting at slot ``batch``: a
+        function of the seed and of the earlier batches' results only (whichever process computes it)."""
         view = self._view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)))
         out = []
         for slot in range(batch, batch + size):
@@ -237,8 +237,15 @@ class Coordinator(Recovery):
                 view.enqueue_trial(self.ctx.enqueue[slot])
             trial = view.ask()
             sp.suggest(self.spec.search.space, trial)
-            out.append(trial.params)
+            out.append(view._storage.get_trial(trial._trial_id))
         return out
+
+    def _enqueue(self, proposed: FrozenTrial, user_attrs: dict[str, Any]) -> None:
+        """A proposed trial, WAITING, with its params already (``enqueue_trial`` leaves them to be
+        written one by one, a transaction each, when the trial is claimed)."""
+        self.study.add_trial(optuna.trial.create_trial(
+            state=TrialState.WAITING, params=proposed.params, distributions=proposed.distributions,
+            user_attrs=user_attrs, system_attrs={"fixed_params": proposed.params}))
 
     # --- running -------------------------------------------------------------------------------
 
@@ -290,6 +297,7 @@ class Coordinator(Recovery):
         value = metrics[self.spec.objective.metric]
         if live.shadow is None:  # the live study decides: it must hold this epoch first
             self._guard(number, lambda: live.trial.report(value, epoch))
+            live.epochs[epoch] = value
             return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
         return live.lost or live.shadow.should_prune()
@@ -301,7 +309,10 @@ class Coordinator(Recovery):
         self.ctx.observer.event(TrialEvent.epoch_end(number, epoch, metrics))
         if live.shadow is None or live.lost:
             return
-        self._guard(number, lambda: live.trial.report(metrics[self.spec.objective.metric], epoch))
+        # the study gets it with the trial's end (and, for `sweeper status`, its next heartbeat):
+        # no decision reads a running trial's epochs from the study in this mode
+        live.epochs[epoch] = metrics[self.spec.objective.metric]
+        self.heartbeat.progress(live.trial._trial_id, epoch, live.epochs[epoch])
         # pruners (ASHA) keep per-trial state in system attrs: carry new values to the real trial
         for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
             if live.trial.system_attrs.get(key) != val:
@@ -329,11 +340,11 @@ class Coordinator(Recovery):
         info = {"seed": live.config.seed, "reason": reason, "mlflow_run_id": live.run_id,
                 "history": outcome.history, **outcome.info}
         value = outcome.history[-1][metric] if outcome.state == "complete" else None
-        self._guard(outcome.number, lambda: live.trial.set_user_attr(INFO, info))
         frozen = None
         if not live.lost:
-            try:
-                frozen = self.study.tell(live.trial, value, state=TELL[outcome.state])
+            try:  # its epochs, info, state and value: one transaction
+                frozen = writes.finish(self.study, live.trial._trial_id, TELL[outcome.state], value, live.epochs,
+                                       {INFO: info})
             except UpdateFinishedTrialError:
                 live.lost = True
         self.live.pop(outcome.number)

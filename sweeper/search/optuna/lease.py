@@ -11,13 +11,17 @@ restarted process need not wait for the lease to run out).
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timedelta
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from sweeper.search.optuna import writes
 from sweeper.search.optuna.ledger import Ledger, host_name, pid_alive
 from sweeper.search.optuna.study import OWNER
+
+PROGRESS_S = 1.0  # how often the epochs done are written for display (s)
 
 
 class Heartbeat:
@@ -26,6 +30,8 @@ class Heartbeat:
     def __init__(self, study: optuna.Study, ledger: Ledger, interval_s: float) -> None:
         self.study, self.ledger, self.interval_s = study, ledger, interval_s
         self.trial_ids: set[int] = set()  # the storage ids of the trials this process trains
+        self.epochs: dict[int, dict[int, float]] = {}  # epochs done since the last beat, by trial id
+        self._lock = threading.Lock()  # epochs: written by the coordinator, sent by the beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sweeper-heartbeat", daemon=True)
 
@@ -34,21 +40,44 @@ class Heartbeat:
         return self
 
     def hold(self, trial_id: int) -> None:
-        """Take the lease of a trial this process has just claimed."""
+        """Take the lease of a trial this process has just made RUNNING (``study.ask``)."""
         storage = self.study._storage
         storage.set_trial_system_attr(trial_id, OWNER, self.ledger.member)
         storage.record_heartbeat(trial_id)
         self.trial_ids.add(trial_id)
 
+    def claim(self, trial_id: int) -> bool:
+        """Claim a WAITING trial and take its lease, in one transaction; False when another
+        process claimed it first."""
+        if not writes.claim(self.study, trial_id, self.ledger.member):
+            return False
+        self.trial_ids.add(trial_id)
+        return True
+
+    def progress(self, trial_id: int, epoch: int, value: float) -> None:
+        """An epoch's objective, for display (`sweeper status`): written to the study by the
+        heartbeat's thread within PROGRESS_S, with the other epochs done meanwhile, in one
+        transaction a trial. The trial's end writes every epoch (writes.finish)."""
+        with self._lock:
+            self.epochs.setdefault(trial_id, {})[epoch] = value
+
     def release(self, trial_id: int) -> None:
         self.trial_ids.discard(trial_id)
+        with self._lock:
+            self.epochs.pop(trial_id, None)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        due = time.monotonic() + self.interval_s  # the next lease renewal
+        while not self._stop.wait(min(PROGRESS_S, self.interval_s)):
+            renew = time.monotonic() >= due
             try:
-                for trial_id in list(self.trial_ids):
-                    self.study._storage.record_heartbeat(trial_id)
-                self.ledger.heartbeat()
+                with self._lock:
+                    epochs, self.epochs = self.epochs, {}
+                for trial_id in list(self.trial_ids) if renew else list(epochs):
+                    writes.beat(self.study, trial_id, epochs.get(trial_id, {}), renew=renew)
+                if renew:
+                    due = time.monotonic() + self.interval_s
+                    self.ledger.heartbeat()
             except Exception:  # a database hiccup: the next beat tries again (the lease has slack)
                 pass
 

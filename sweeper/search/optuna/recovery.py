@@ -27,7 +27,7 @@ POLL_S = 0.5
 
 class Recovery:
     """Needs the coordinator's spec, study, ledger, ctx, live, next_check, trained, stopped,
-    records() and _batch_params()."""
+    records(), _batch_params() and _enqueue()."""
 
     spec: Any
     study: Any
@@ -133,10 +133,9 @@ class Recovery:
             self.ledger.release_slot()  # the stopped process claimed a slot and made no trial for it
             self.ledger.lock()
         elif missing:
-            params = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
+            proposed = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
             for slot in missing:
-                self.study.enqueue_trial(params[slot - sweep.batch_start],
-                                         user_attrs={SLOT: slot, BATCH: sweep.batch_start})
+                self._enqueue(proposed[slot - sweep.batch_start], {SLOT: slot, BATCH: sweep.batch_start})
 
 
 def _lost_reason(t: FrozenTrial) -> str:
