@@ -84,6 +84,9 @@ class Coordinator(Recovery):
         self.fuse = spec.search.fuse_size(cuda=spec.train.device != "cpu" and torch.cuda.is_available())
         self.pending: list[list[TrialConfig]] = []
         self.noted: set[str] = set()  # fallback reasons already said
+        # trials this process created and has not claimed yet: claimed without reading the study
+        # first (a claim is atomic: one another process took meanwhile is skipped)
+        self.waiting_here: list[FrozenTrial] = []
 
     def run(self, executor: Executor) -> None:
         """Serve the sweep until its budget is spent (a worker), and every trial has finished
@@ -145,13 +148,18 @@ class Coordinator(Recovery):
         """WAITING trials made RUNNING by this process (each one atomic update: one owner), leased:
         one trial, or with fusing the waiting trials of the first one's chunk."""
         claimed: list[optuna.Trial] = []
-        waiting = sorted(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
-                         key=lambda t: t.user_attrs.get(SLOT, t.number))
+        mine = bool(self.waiting_here)
+        waiting = self.waiting_here or sorted(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
+                                              key=lambda t: t.user_attrs.get(SLOT, t.number))
+        tried = set()
         for t in waiting:
             if claimed and (self.fuse == 1 or self._chunk(t) != self._chunk(claimed[0])):
                 continue
+            tried.add(t._trial_id)
             if self.heartbeat.claim(t._trial_id):
                 claimed.append(optuna.Trial(self.study, t._trial_id))
+        if mine:
+            self.waiting_here = [t for t in waiting if t._trial_id not in tried]
         return claimed
 
     def _chunk(self, t: FrozenTrial | optuna.Trial) -> tuple[Any, ...]:
@@ -179,8 +187,9 @@ class Coordinator(Recovery):
         size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
         if not self.ledger.claim_batch(sweep, size):
             return True
-        for slot, proposed in enumerate(self._batch_params(sweep.proposed, size), start=sweep.proposed):
-            self._enqueue(proposed, {SLOT: slot, BATCH: sweep.proposed})
+        proposed = self._batch_params(sweep.proposed, size)
+        self._enqueue([(trial, {SLOT: slot, BATCH: sweep.proposed})
+                       for slot, trial in enumerate(proposed, start=sweep.proposed)])
         self.ledger.unlock()  # only once all are enqueued: a process that dies before is repaired
         return True
 
@@ -240,12 +249,13 @@ class Coordinator(Recovery):
             out.append(view._storage.get_trial(trial._trial_id))
         return out
 
-    def _enqueue(self, proposed: FrozenTrial, user_attrs: dict[str, Any]) -> None:
-        """A proposed trial, WAITING, with its params already (``enqueue_trial`` leaves them to be
-        written one by one, a transaction each, when the trial is claimed)."""
-        self.study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, params=proposed.params, distributions=proposed.distributions,
-            user_attrs=user_attrs, system_attrs={"fixed_params": proposed.params}))
+    def _enqueue(self, proposed: list[tuple[FrozenTrial, dict[str, Any]]]) -> None:
+        """Proposed trials (with their user attrs), WAITING, in one transaction, with their params
+        already (``enqueue_trial`` makes one transaction a trial and leaves each param to be
+        written, one transaction each, when the trial is claimed)."""
+        self.waiting_here += writes.create(self.study, [optuna.trial.create_trial(
+            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs,
+            system_attrs={"fixed_params": p.params}) for p, attrs in proposed])
 
     # --- running -------------------------------------------------------------------------------
 

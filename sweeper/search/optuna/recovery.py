@@ -134,8 +134,8 @@ class Recovery:
             self.ledger.lock()
         elif missing:
             proposed = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
-            for slot in missing:
-                self._enqueue(proposed[slot - sweep.batch_start], {SLOT: slot, BATCH: sweep.batch_start})
+            self._enqueue([(proposed[slot - sweep.batch_start], {SLOT: slot, BATCH: sweep.batch_start})
+                           for slot in missing])
 
 
 def _lost_reason(t: FrozenTrial) -> str:
