@@ -252,10 +252,11 @@ class Coordinator(Recovery):
     def _enqueue(self, proposed: list[tuple[FrozenTrial, dict[str, Any]]]) -> None:
         """Proposed trials (with their user attrs), WAITING, in one transaction, with their params
         already (``enqueue_trial`` makes one transaction a trial and leaves each param to be
-        written, one transaction each, when the trial is claimed)."""
+        written, one transaction each, when the trial is claimed; its "fixed_params" system attr
+        is not needed: a trial's suggest returns a param it holds)."""
         self.waiting_here += writes.create(self.study, [optuna.trial.create_trial(
-            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs,
-            system_attrs={"fixed_params": p.params}) for p, attrs in proposed])
+            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs)
+            for p, attrs in proposed])
 
     # --- running -------------------------------------------------------------------------------
 
