@@ -7,12 +7,12 @@ were about 60% of the orchestration around a trial.
 Only what needs no answer is queued: params, tags, metrics, a run's end or resumption, and text
 artifacts (kept in memory until sent: their source is gone by then). Creating a run (its id is
 the answer) and logging files stay with the caller. The sender gathers what is queued within
-LINGER_S and sends a run's consecutive log_batch writes as one call (``coalesce``). ``drain`` waits until every queued write
-was handed to the outbox; the tracker drains before any read, and at the process's exit. A
-failure the caller must see (the server refused the credentials) is raised by the caller's next
-write or drain. Writes queued when the process is killed are lost: at most the last moments of
-a sweep's MLflow records, never its trials (those are in the study). Of sweeper, it imports only
-the outbox.
+LINGER_S and sends a run's consecutive log_batch writes as one call (``coalesce``). ``drain``
+waits until every queued write was handed to the outbox; the tracker drains before any read,
+and at the process's exit. A failure the caller must see (the server refused the credentials)
+is raised by the caller's next write or drain. Writes queued when the process is killed are
+lost: at most the last moments of a sweep's MLflow records, never its trials (those are in the
+study). Of sweeper, it imports only the outbox.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A trial's writes to the Optuna study, grouped into one transaction each where Optuna's public
-calls take one a write: creating a batch's trials, claiming a trial (RUNNING, its owner, its first heartbeat), the epochs
-it has done and its lease's renewal (``beat``), and finishing it (every epoch's value, its
-info, its state and value). Each of Optuna's calls took 1-6 ms on this project's 2-core machine
+calls take one a write: creating a batch's trials, claiming a trial (RUNNING, its owner, its
+first heartbeat), the epochs it has done and its lease's renewal (``beat``), and finishing it
+(every epoch's value, its info, its state and value). Each of Optuna's calls took 1-6 ms on this project's 2-core machine
 (sqlite), and a trial made about twelve of them, one more per epoch.
 
 The rows are Optuna's, written with RDBStorage's own helpers (``_set_trial_attr_without_commit``,
