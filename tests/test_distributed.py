@@ -137,6 +137,14 @@ def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(workdir: Path
     # another "machine": its pid means nothing here, so only its lease can tell that it stopped
     a = start(workdir, "worker", str(spec), "--out", "a", "-q", env={"SWEEPER_HOST": "machine-a"}, log="a")
     wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
+    # its MLflow run is created by the sender thread, within LINGER_S of the claim: there is one to close
+    client = MlflowClient(mlflow_uri)
+
+    def run_made() -> bool:
+        exp = client.get_experiment_by_name("killed-worker")
+        return bool(exp and client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'"))
+
+    wait_for(run_made, a, what="trial 0's MLflow run")
     os.kill(a.pid, signal.SIGKILL)  # no chance to clean up: a machine lost mid-trial
     a.wait()
     assert [t.state.name for t in trials(pg_url)][0] == "RUNNING"
@@ -150,7 +158,6 @@ def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(workdir: Path
     assert all(t.state.name not in ("RUNNING", "WAITING") for t in trials(pg_url))
     assert trials(pg_url)[4].user_attrs["sweeper_retry_of"] == 0
     assert table(summary) == table(first(reference, 4))  # nothing lost, nothing changed
-    client = MlflowClient(mlflow_uri)
     attempt = client.get_run(lost["mlflow_run_id"])
     assert attempt.info.status == "FAILED" and attempt.data.tags["sweeper.state"] == "interrupted"
     assert client.get_run(retry["mlflow_run_id"]).data.tags["sweeper.retry_of"] == "0"

@@ -166,7 +166,8 @@ def test_a_sweep_goes_on_while_the_server_restarts_and_mlflow_gets_every_metric_
     server.stop()
     (gates / "1" / "release").touch()
     wait_for(lambda: (gates / "2" / "blocked").exists(), proc, what="trial 3 held at epoch 2")
-    assert journals(out / FOLDER)  # trials 1-3 were logged meanwhile
+    # trials 1-3 are logged meanwhile: the sender thread's writes go to a journal after their retries
+    wait_for(lambda: journals(out / FOLDER), proc, what="the writes going to a journal")
     server.start()
     (gates / "2" / "release").touch()
     stdout, stderr = proc.communicate(timeout=600)
@@ -181,7 +182,8 @@ def test_a_sweep_goes_on_while_the_server_restarts_and_mlflow_gets_every_metric_
     assert parent.info.status == "FINISHED" and "summary.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     runs = {int(r.data.tags[f"{TAG}trial"]): r for r in children(client, parent.info.run_id)}
     assert sorted(runs) == list(range(trials)) and len(children(client, parent.info.run_id)) == trials  # each once
-    assert {n for n, r in runs.items() if JOURNAL_TAG in r.data.tags} == {2, 3}  # created while the server was away
+    # each known by its placeholder until made (by the sender thread, or from the journal for 2 and 3)
+    assert all(r.data.tags.get(JOURNAL_TAG, "").startswith("local-") for r in runs.values())
     for record in summary["trials"]:
         run = runs[record["number"]]
         assert record["mlflow_run_id"] == run.info.run_id and run.info.status == "FINISHED"

@@ -129,6 +129,36 @@ def test_an_asynchronous_tracker_sends_from_its_own_thread_in_order(mlflow_uri: 
     assert ops[-1] == "set_terminated" and ops.count("log_artifact") == 1
 
 
+def test_a_run_created_without_waiting_is_known_by_its_placeholder(mlflow_uri: str, tmp_path: Path):
+    import threading
+
+    from sweeper.track.journal import is_local
+
+    tracker = Tracker(mlflow_uri, "tracker-placeholder", tmp_path / "journal", asynchronous=True)
+    threads: list[tuple[str, str]] = []
+    write = tracker.outbox.write
+
+    def recording(entry: dict, file: Path | None = None):
+        threads.append((entry["op"], threading.current_thread().name))
+        return write(entry, file)
+
+    tracker.outbox.write = recording
+    placeholder = tracker.new_run_id()
+    run = tracker.start_run("trial-0", tags={"kind": "trial"}, params={"lr": 0.1}, run_id=placeholder)
+    assert run == placeholder and is_local(run)  # the caller did not wait for MLflow
+    tracker.log_metrics(run, 1, {"val_acc": 0.5})
+    tracker.end_run(run)
+    tracker.drain()
+    made = tracker.created(run)
+    assert made and not is_local(made)
+    got = MlflowClient(mlflow_uri).get_run(made)
+    assert got.data.params["lr"] == "0.1" and got.data.metrics == {"val_acc": 0.5} and got.info.status == "FINISHED"
+    assert threads[0] == ("create_run", "sweeper-mlflow") and {t for _, t in threads} == {"sweeper-mlflow"}
+    # another process's tracker finds the run by its placeholder (a tag of the run)
+    assert Tracker(mlflow_uri, "tracker-placeholder").real_id(run) == made
+    assert Tracker(mlflow_uri, "tracker-placeholder").new_run_id() is None  # no sender: created at once
+
+
 def test_writes_still_queued_when_the_process_exits_are_sent(mlflow_uri: str):
     import subprocess
     import sys
@@ -163,6 +193,12 @@ def test_a_new_sqlite_database_starts_as_a_copy_of_an_empty_one_mlflow_made(tmp_
         # MLflow's Default experiment, made where the database is opened (not where the cached one was made)
         default = client.get_experiment("0")
         assert default.name == "Default" and default.artifact_location == str(tmp_path / "mlruns" / "0")
+    # sweeper's sqlite databases log ahead (WAL: a commit syncs nothing to disk); the cached copy is one file
+    import sqlite3
+
+    mode = {path: sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+            for path in (tmp_path / "a" / "mlflow.db", tmp_path / "b.db", empty_db.cache_file())}
+    assert list(mode.values()) == ["wal", "wal", "delete"]
 
 
 def test_the_sender_merges_a_runs_batches_until_its_status_changes():

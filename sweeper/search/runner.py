@@ -193,7 +193,8 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
               parent: str | None) -> dict[str, Any]:
     """summary.json: the resolved spec, the best trial and every trial, whichever backend ran them."""
     # runs created while MLflow was away: their MLflow ids, once sent
-    records = [r.model_copy(update={"mlflow_run_id": tracker.real_id(r.mlflow_run_id)}) for r in result.records]
+    ids = tracker.found_ids([r.mlflow_run_id for r in result.records], parent)
+    records = [r.model_copy(update={"mlflow_run_id": run_id}) for r, run_id in zip(result.records, ids)]
     counts = _counts(records)
     best = None
     top = checkpoints.best(spec, records)

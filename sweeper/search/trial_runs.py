@@ -67,12 +67,15 @@ def trial_json(config: TrialConfig, sweep: SweepInfo, sampler_seed: int | None,
 
 
 def open_trial_run(tracker: Tracker, config: TrialConfig, sweep: SweepInfo, sampler_seed: int | None,
-                   tags: dict[str, str] | None = None, exploits: list[dict[str, Any]] | None = None) -> str | None:
-    """A trial's run, nested under the sweep's: params, provenance tags and trial.json."""
+                   tags: dict[str, str] | None = None, exploits: list[dict[str, Any]] | None = None,
+                   run_id: str | None = None) -> str | None:
+    """A trial's run, nested under the sweep's: params, provenance tags and trial.json (``run_id``:
+    its placeholder from Tracker.new_run_id, created without waiting)."""
     if not tracker.enabled:
         return None
     record = trial_json(config, sweep, sampler_seed, exploits)
-    run_id = tracker.start_run(f"trial-{config.number}", parent=sweep.parent_run_id, params=flat_params(config.spec),
+    run_id = tracker.start_run(f"trial-{config.number}", parent=sweep.parent_run_id, run_id=run_id,
+                               params=flat_params(config.spec),
                                tags={"kind": "trial", "trial": str(config.number), "seed": str(config.seed),
                                      "git_rev": sweep.git_rev, "sweep_seed": str(sweep.sweep_seed),
                                      "plugins": json.dumps(record.plugins), **(tags or {})})

@@ -59,8 +59,13 @@ def _make(cached: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
         made = Path(tmp) / "empty.db"
         MlflowClient(tracking_uri=f"{PREFIX}{made}").search_experiments()  # creates and migrates it
+        copy = Path(tmp) / "copy.db"
         with sqlite3.connect(made) as db:
             db.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
             db.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        with sqlite3.connect(copy) as out:  # the backup API: whole even if commits wait in a WAL file
+            db.backup(out)
+            out.execute("PRAGMA journal_mode=DELETE")  # one file: a copy of it is the database
         db.close()
-        os.replace(made, cached)  # whole or not at all, even with another process doing the same
+        out.close()
+        os.replace(copy, cached)  # whole or not at all, even with another process doing the same

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from sweeper.files import write_atomic
 
 FOLDER = "mlflow-journal"  # in a sweep's output folder
-LOCAL = "local-"  # prefix of the id of a run created while the server was away
+LOCAL = "local-"  # prefix of a placeholder: a run not created yet (server away, or by a sender thread)
 _STATE = ".state.json"
 
 

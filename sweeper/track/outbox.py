@@ -1,7 +1,8 @@
 """How a tracker's writes reach MLflow, so that tracking never stops a sweep.
 
 A write is a small dict (an "entry": the same whether it is sent at once or from a journal):
-  create_run    name, parent (run id or placeholder), time (ms); from a journal also run (its placeholder)
+  create_run    name, parent (run id or placeholder), time (ms); also run (its placeholder) from a
+                journal, or with live: true from a caller that did not wait for the id (sender.py)
   log_batch     run, metrics [[key, value, timestamp ms, step], ...], params {k: v}, tags {k: v}
   update_run    run, status                 set_terminated  run, status, time (ms)
   log_artifact  run, folder (artifact path or None); from a journal also file (its copy)
@@ -34,7 +35,9 @@ RETRY_DELAYS_S = (1.0, 3.0, 6.0)
 # While offline, how often a write first tries to send the journal (s): a dead server costs
 # one refused (or timed out, see mlflow.py: MLFLOW_ENV) call a minute, not one per write.
 OFFLINE_RETRY_S = 60.0
-JOURNAL_TAG = "sweeper.journal_id"  # on a run created from a journal: its placeholder (never two runs)
+# on a run created from a journal, or by a sender thread (live): the placeholder it was known by
+# before MLflow made it; any process finds it by that (never two runs from one journal entry)
+JOURNAL_TAG = "sweeper.journal_id"
 
 
 class Away(Exception):
@@ -79,6 +82,8 @@ class Outbox:
                 if self.folder is None:  # an interactive command: its user sees the error
                     raise exc.__cause__ or exc from None
                 if isinstance(exc, Rejected):
+                    if entry.get("live"):
+                        self._ids[entry["run"]] = None
                     _say(f"MLflow at {self.where} rejected a write ({_what(entry)}): {brief(exc)}; it is left out")
                     return None
                 self.journal = Journal.create(self.folder, self.header)
@@ -182,19 +187,35 @@ class Outbox:
             raise Rejected(f"unknown write {op!r}")
         return None
 
+    def created(self, run_id: str | None) -> str | None:
+        """The MLflow id of a run this outbox has created by now (None: MLflow rejected it), else
+        ``run_id`` as given; does not wait or ask MLflow."""
+        return self._ids.get(run_id, run_id) if is_local(run_id) else run_id
+
+    def learn(self, ids: dict[str, str]) -> None:
+        """Placeholders' MLflow ids found elsewhere (a search of runs by JOURNAL_TAG)."""
+        with self._lock:
+            self._ids.update({k: v for k, v in ids.items() if k not in self._ids})
+
     def _create(self, entry: dict[str, Any]) -> str:
         tags = {"mlflow.parentRunId": self.real(entry["parent"])} if entry.get("parent") else {}
-        if "run" in entry:  # from a journal: a crash after sending it may have left the run there already
+        if "run" in entry:  # its placeholder: any process finds the run by it (real)
             tags[JOURNAL_TAG] = entry["run"]
-            made = self._made_from(entry["run"])
+            # from a journal: a crash after sending it may have left the run there already
+            made = None if entry.get("live") else self._made_from(entry["run"])
             if made:
                 return made
-        return self.client.create_run(self._experiment_id(), start_time=entry["time"], tags=tags,
+        made = self.client.create_run(self._experiment_id(), start_time=entry["time"], tags=tags,
                                       run_name=entry["name"]).info.run_id
+        if entry.get("live"):
+            self._ids[entry["run"]] = made
+        return made
 
     def _keep(self, entry: dict[str, Any], file: Path | None) -> str | None:
         """Journal a write; returns the placeholder of the run a create_run made."""
-        entry = {**entry, **({"run": local_id()} if entry["op"] == "create_run" else {})}
+        if entry["op"] == "create_run":  # a live one keeps its placeholder: its writes name it
+            entry = {k: v for k, v in entry.items() if k != "live"}
+            entry["run"] = entry.get("run") or local_id()
         if file is not None:
             try:
                 entry["file"] = self.journal.keep_file(file)  # the source may be a temporary file

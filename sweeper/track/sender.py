@@ -4,9 +4,9 @@ the server is away), so a coordinator goes on proposing, claiming and telling tr
 On this 2-core machine the writes of a trial's run (its params and tags, trial.json, its end)
 were about 60% of the orchestration around a trial.
 
-Only what needs no answer is queued: params, tags, metrics, a run's end or resumption, and text
-artifacts (kept in memory until sent: their source is gone by then). Creating a run (its id is
-the answer) and logging files stay with the caller. The sender gathers what is queued within
+Only what needs no answer is queued: params, tags, metrics, a run's end or resumption, text
+artifacts (kept in memory until sent: their source is gone by then) and the creation of a run
+whose caller named it by a placeholder (Tracker.start_run). Logging files stays with the caller. The sender gathers what is queued within
 LINGER_S and sends a run's consecutive log_batch writes as one call (``coalesce``). ``drain``
 waits until every queued write was handed to the outbox; the tracker drains before any read,
 and at the process's exit. A failure the caller must see (the server refused the credentials)

@@ -156,7 +156,10 @@ class Coordinator(Recovery):
             if claimed and (self.fuse == 1 or self._chunk(t) != self._chunk(claimed[0])):
                 continue
             tried.add(t._trial_id)
-            if self.heartbeat.claim(t._trial_id):
+            # its seed and run, known from the start: a process recovering the trial (if this one
+            # dies) records the seed and closes the run (created by the tracker's sender thread)
+            info = {"seed": self._seed(t), "mlflow_run_id": self.ctx.tracker.new_run_id()}
+            if self.heartbeat.claim(t._trial_id, {INFO: info}):
                 claimed.append(optuna.Trial(self.study, t._trial_id))
         if mine:
             self.waiting_here = [t for t in waiting if t._trial_id not in tried]
@@ -273,24 +276,28 @@ class Coordinator(Recovery):
 
     def _config(self, trial: optuna.Trial) -> TrialConfig:
         values = sp.suggest(self.spec.search.space, trial)
-        slot, batch = trial.user_attrs.get(SLOT, trial.number), trial.user_attrs.get(BATCH)
+        batch = trial.user_attrs.get(BATCH)
         shadow = self._shadow(batch) if self.spec.search.reproducible and batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
-        config = TrialConfig(trial.number, trial_seed(self.spec.seed, slot), values,
+        config = TrialConfig(trial.number, self._seed(trial), values,
                              self.spec.with_values({**values, **resized}), self.threads,
                              str(trial_path(self.ctx.out_dir, trial.number)))
         self.live[trial.number] = _Live(trial, config, None, shadow)
         return config
+
+    def _seed(self, trial: FrozenTrial | optuna.Trial) -> int:
+        return trial_seed(self.spec.seed, trial.user_attrs.get(SLOT, trial.number))
 
     def _open(self, trial: optuna.Trial, config: TrialConfig) -> None:
         """The trial's MLflow run, its start recorded."""
         batch = trial.user_attrs.get(BATCH)
         seed = sampler_seed(self.spec.seed, batch) if batch is not None else None
         retry = {"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else {}
-        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed, tags=retry)
+        planned = trial.user_attrs.get(INFO, {}).get("mlflow_run_id")  # set by its claim
+        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, seed, tags=retry, run_id=planned)
         self.live[trial.number].run_id = run_id
-        # known from the start: a process recovering the trial (if this one dies) closes this run
-        self._guard(trial.number, lambda: trial.set_user_attr(INFO, {"seed": config.seed, "mlflow_run_id": run_id}))
+        if run_id != planned:  # created at once (or a trial of study.ask): a process recovering it closes this run
+            self._guard(trial.number, lambda: trial.set_user_attr(INFO, {"seed": config.seed, "mlflow_run_id": run_id}))
         self.ctx.observer.event(TrialEvent.start(config.number, config.params))
 
     def _guard(self, number: int, write: Any) -> None:
@@ -348,10 +355,12 @@ class Coordinator(Recovery):
         if outcome.state == "pruned":
             reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
                      f"({metric}={outcome.history[-1][metric]:.4g})"
+        live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
         info = {"seed": live.config.seed, "reason": reason, "mlflow_run_id": live.run_id,
                 "history": outcome.history, **outcome.info}
         value = outcome.history[-1][metric] if outcome.state == "complete" else None
         frozen = None
+        self.heartbeat.release(live.trial._trial_id)  # first: no beat writes its epochs meanwhile
         if not live.lost:
             try:  # its epochs, info, state and value: one transaction
                 frozen = writes.finish(self.study, live.trial._trial_id, TELL[outcome.state], value, live.epochs,
@@ -359,7 +368,6 @@ class Coordinator(Recovery):
             except UpdateFinishedTrialError:
                 live.lost = True
         self.live.pop(outcome.number)
-        self.heartbeat.release(live.trial._trial_id)
         if frozen is None:  # another process failed it and retries it: this attempt is void
             close_trial_run(self.ctx.tracker, live.run_id, "interrupted", "its lease ran out while it trained; "
                             "another process retried it")

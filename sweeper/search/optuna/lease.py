@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -32,6 +33,9 @@ class Heartbeat:
         self.trial_ids: set[int] = set()  # the storage ids of the trials this process trains
         self.epochs: dict[int, dict[int, float]] = {}  # epochs done since the last beat, by trial id
         self._lock = threading.Lock()  # epochs: written by the coordinator, sent by the beat
+        # held while the beat writes: a trial's end waits for it (release), else both could
+        # insert the same epoch's row (a unique key) in transactions of their own
+        self._writing = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sweeper-heartbeat", daemon=True)
 
@@ -46,10 +50,10 @@ class Heartbeat:
         storage.record_heartbeat(trial_id)
         self.trial_ids.add(trial_id)
 
-    def claim(self, trial_id: int) -> bool:
-        """Claim a WAITING trial and take its lease, in one transaction; False when another
-        process claimed it first."""
-        if not writes.claim(self.study, trial_id, self.ledger.member):
+    def claim(self, trial_id: int, user_attrs: dict[str, Any] | None = None) -> bool:
+        """Claim a WAITING trial and take its lease (and set ``user_attrs``), in one transaction;
+        False when another process claimed it first."""
+        if not writes.claim(self.study, trial_id, self.ledger.member, user_attrs):
             return False
         self.trial_ids.add(trial_id)
         return True
@@ -62,8 +66,9 @@ class Heartbeat:
             self.epochs.setdefault(trial_id, {})[epoch] = value
 
     def release(self, trial_id: int) -> None:
-        self.trial_ids.discard(trial_id)
-        with self._lock:
+        """No more beats for this trial (it ends now: its end writes its epochs)."""
+        with self._writing, self._lock:
+            self.trial_ids.discard(trial_id)
             self.epochs.pop(trial_id, None)
 
     def _loop(self) -> None:
@@ -71,10 +76,12 @@ class Heartbeat:
         while not self._stop.wait(min(PROGRESS_S, self.interval_s)):
             renew = time.monotonic() >= due
             try:
-                with self._lock:
-                    epochs, self.epochs = self.epochs, {}
-                for trial_id in list(self.trial_ids) if renew else list(epochs):
-                    writes.beat(self.study, trial_id, epochs.get(trial_id, {}), renew=renew)
+                with self._writing:
+                    with self._lock:
+                        epochs, self.epochs = self.epochs, {}
+                        trial_ids = list(self.trial_ids) if renew else list(epochs)
+                    for trial_id in trial_ids:
+                        writes.beat(self.study, trial_id, epochs.get(trial_id, {}), renew=renew)
                 if renew:
                     due = time.monotonic() + self.interval_s
                     self.ledger.heartbeat()

@@ -27,6 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+from sweeper.track import sqlite
+
 METADATA = sa.MetaData()
 SWEEPS = sa.Table(
     "sweeper_sweeps", METADATA,
@@ -89,6 +91,7 @@ class Sweep:
 
 
 def engine_for(url: str) -> sa.Engine:
+    sqlite.install()
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     return sa.create_engine(url, **kwargs)
 

@@ -82,11 +82,17 @@ class Recovery:
             if retry:
                 self._enqueue_retry(t.params, t.user_attrs, t.number)
             # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
-            close_trial_run(self.ctx.tracker, t.user_attrs.get(INFO, {}).get("mlflow_run_id"), "interrupted", why,
-                            status="FAILED")
+            close_trial_run(self.ctx.tracker, self._run_of(t), "interrupted", why, status="FAILED")
             self.ctx.observer.note(f"trial {t.number} was lost ({why})" +
                                    (": retried with the same parameters" if retry else ""))
         self.ledger.unlock()
+
+    def _run_of(self, t: FrozenTrial) -> str | None:
+        """The MLflow id of a lost trial's run (a placeholder while MLflow is away: the close
+        waits in the journal with it); None if MLflow answers and has no run of that placeholder:
+        the trial's process died before its sender created it, there is none to close."""
+        tracker = self.ctx.tracker
+        return tracker.found_ids([t.user_attrs.get(INFO, {}).get("mlflow_run_id")], self.ctx.sweep.parent_run_id)[0]
 
     def _enqueue_retry(self, params: dict[str, Any], attrs: dict[str, Any], number: int, **changes: Any) -> None:
         """Queue another attempt at a trial's slot: same params, seed and batch (and the same

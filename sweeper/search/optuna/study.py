@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.track import sqlite
 from sweeper.track.records import TrialRecord
 from sweeper.trial.seeding import sampler_seed
 
@@ -44,6 +45,7 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
     """The study's storage. Leases are Optuna heartbeats (its trial_heartbeats table, the
     database's clock); sweeper renews and checks them itself (lease.py), since Optuna does only
     inside study.optimize."""
+    sqlite.install()  # WAL: a commit without a sync to disk
     kwargs = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     for attempt in range(CREATE_ATTEMPTS):
         with warnings.catch_warnings():

@@ -53,9 +53,9 @@ def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTria
     return out
 
 
-def claim(study: optuna.Study, trial_id: int, owner: str) -> bool:
-    """WAITING -> RUNNING for this process (``owner``) with its first heartbeat; False when
-    another process claimed it first."""
+def claim(study: optuna.Study, trial_id: int, owner: str, user_attrs: dict[str, Any] | None = None) -> bool:
+    """WAITING -> RUNNING for this process (``owner``) with its first heartbeat and
+    ``user_attrs``; False when another process claimed it first."""
     rdb = _rdb(study)
     try:
         with _create_scoped_session(rdb.scoped_session) as session:
@@ -64,6 +64,8 @@ def claim(study: optuna.Study, trial_id: int, owner: str) -> bool:
                 return False
             trial.state, trial.datetime_start = TrialState.RUNNING, datetime.now()
             rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, OWNER, owner)
+            for key, attr in (user_attrs or {}).items():
+                rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
             _heartbeat(session, trial_id)
     except IntegrityError:  # two processes created the heartbeat row at once: the other one won
         return False

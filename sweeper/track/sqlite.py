@@ -1,0 +1,49 @@
+"""How sweeper's sqlite databases are opened (Optuna's study and its ledger, MLflow's store):
+in write-ahead-log mode with ``synchronous=NORMAL``.
+
+In sqlite's default mode (a rollback journal, synchronous FULL) every commit syncs the journal
+and the database to disk: 1.0 ms a commit on this project's 2-core machine. In WAL mode with
+synchronous NORMAL a commit syncs nothing (the log is synced at checkpoints): 0.03 ms. A sweep
+commits about ten times a trial. A process that crashes loses nothing; a power cut may lose the
+last commits, never the database's consistency (https://sqlite.org/wal.html). WAL mode is kept
+in the database file; its readers and writers must be on one machine (shared memory), as they
+had to be already: many machines share a study through PostgreSQL (README "Many machines").
+
+A database copied with its files (``*-wal``) or by sqlite's backup API is whole; a copy of the
+main file alone, while a process has it open, may miss the last commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+_installed = False
+
+
+def install() -> None:
+    """Every SQLAlchemy engine of this process tunes its sqlite connections as they open
+    (others are left as they are). Idempotent."""
+    global _installed
+    if _installed:
+        return
+    import sqlalchemy as sa
+
+    sa.event.listen(sa.engine.Engine, "connect", _tune)
+    _installed = True
+
+
+def _tune(connection: Any, _record: Any) -> None:
+    if not isinstance(connection, sqlite3.Connection):
+        return
+    cursor = connection.cursor()
+    try:
+        mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode == "delete":  # sqlite's default; memory databases ("memory") are left as they are
+            mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode == "wal":  # NORMAL is safe in WAL mode only (in rollback mode a power cut may corrupt)
+            cursor.execute("PRAGMA synchronous=NORMAL")
+    except sqlite3.OperationalError:  # another process holds a lock while the mode changes: as it was
+        pass
+    finally:
+        cursor.close()
