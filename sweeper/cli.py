@@ -103,34 +103,13 @@ NAME = typer.Option(None, "--name", help="which sweep, if the storage holds seve
 def status(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME,
            as_json: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
     """Show a sweep's trials by state, which process holds which trial, throughput and time left."""
-    from rich.table import Table
-
     from sweeper.search.optuna import status as sweep_status
 
     info = sweep_status.report(*sweep_status.locate(folder, study, name))
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
-    out = Console(highlight=False, soft_wrap=True)
-    budget = info["budget"]
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(info["counts"].items())) or "no trials yet"
-    rate = f"{info['trials_per_min']:.2f} trials/min" if info["trials_per_min"] else "-"
-    left = f"{info['time_left_s'] / 60:.1f} min" if info["time_left_s"] is not None else "-"
-    out.print(f"[bold]sweep '{info['name']}'[/] in {info['storage']}: {info['state']}")
-    out.print(f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
-              + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else ""))
-    out.print(f"  trials     {counts}")
-    out.print(f"  throughput {rate} (last finished {sweep_status.since(info['last_finished'])}); "
-              f"time left about {left}")
-    table = Table("process", "role", "alive", "last heartbeat", "holds", box=None, padding=(0, 2))
-    alive = [p for p in info["processes"] if p["alive"]]
-    for p in alive:
-        table.add_row(p["member"], p["role"], "yes" if p["alive"] else "no", f"{p['seen_s_ago']:.0f} s ago",
-                      ", ".join(p["holds"]) or "-")
-    if alive:
-        out.print(table)
-    gone = len(info["processes"]) - len(alive)
-    out.print(f"  {len(alive)} process(es) serving it" + (f"; {gone} earlier one(s) gone" if gone else ""))
+    sweep_status.show(info, Console(highlight=False, soft_wrap=True))
 
 
 @app.command()
@@ -144,6 +123,18 @@ def stop(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Op
     sweep_status.stop(url, sweep)
     typer.echo(f"stop requested for sweep '{sweep}': running trials finish, no new trial starts; "
                f"`sweeper status` follows it")
+
+
+@app.command()
+@user_errors
+def dashboard(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME,
+              host: str = typer.Option("127.0.0.1", "--host", help="address to serve on (loopback: this machine only)"),
+              port: int = typer.Option(8080, "--port")) -> None:
+    """Serve optuna-dashboard for a sweep's study (live while it runs): history, importances,
+    intermediate values, timeline. Ctrl-C stops it."""
+    from sweeper.search.optuna import status as sweep_status
+
+    sweep_status.dashboard(*sweep_status.locate(folder, study, name), host, port, typer.echo)
 
 
 @app.command()
@@ -165,7 +156,9 @@ def submit(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 
 @app.command()
 @user_errors
-def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> None:
+def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
+             estimate: bool = typer.Option(False, "--estimate", help="also time a few training steps of the base "
+                                           "configuration: the time a trial takes and a bound for the sweep")) -> None:
     """Check a spec and its plugins without training; print the resolved spec and budget."""
     import yaml
 
@@ -182,6 +175,10 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES) -> N
     typer.echo(f"# dry build: {dry.summary()}")
     for warning in dry.warnings:
         err.print("[yellow]warning:[/]", escape(warning), soft_wrap=True)
+    if estimate:
+        from sweeper.trial.estimate import estimate as time_steps
+
+        typer.echo(time_steps(sweep).describe())
 
 
 @app.command("lr-find")

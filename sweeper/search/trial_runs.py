@@ -74,13 +74,34 @@ def open_trial_run(tracker: Tracker, config: TrialConfig, sweep: SweepInfo, samp
     if not tracker.enabled:
         return None
     record = trial_json(config, sweep, sampler_seed, exploits)
-    run_id = tracker.start_run(f"trial-{config.number}", parent=sweep.parent_run_id, run_id=run_id,
+    run_id = tracker.start_run(run_name(config.number), parent=sweep.parent_run_id, run_id=run_id,
                                params=flat_params(config.spec),
                                tags={"kind": "trial", "trial": str(config.number), "seed": str(config.seed),
                                      "git_rev": sweep.git_rev, "sweep_seed": str(sweep.sweep_seed),
                                      "plugins": json.dumps(record.plugins), **(tags or {})})
     tracker.log_dict(run_id, record.model_dump(mode="json"), TRIAL_JSON)
     return run_id
+
+
+def run_name(number: int) -> str:
+    """A trial run's name, zero-padded so that the MLflow UI sorts trials by number."""
+    return f"trial-{number:05d}"
+
+
+_datasets_logged: set[tuple[str, str]] = set()  # (parent run, fingerprint) logged by this process
+
+
+def log_sweep_dataset(tracker: Tracker, spec: SweepSpec, sweep: SweepInfo, info: dict[str, Any]) -> None:
+    """The sweep's data set as an input of its run (the MLflow UI's Dataset column), once a
+    process, from a trial's info (its fingerprint and sizes): MLflow keeps one input of a run
+    per data set name and digest, so other processes' logging it again changes nothing."""
+    digest, parent = info.get("data_fingerprint"), sweep.parent_run_id
+    if not tracker.enabled or not digest or parent is None or (parent, digest) in _datasets_logged:
+        return
+    _datasets_logged.add((parent, digest))
+    tracker.log_dataset(parent, spec.dataset.plugin, digest, {"plugin": spec.dataset.plugin, "args": spec.dataset.args,
+                                                              "seed": derive(sweep.sweep_seed, "data")},
+                        info.get("data_profile") or {})
 
 
 def close_trial_run(tracker: Tracker, run_id: str | None, state: str, reason: str | None,
@@ -105,9 +126,16 @@ def start_sweep_run(tracker: Tracker, spec: SweepSpec, resume_run_id: str | None
     run_id = tracker.start_run(spec.name, tags={"kind": "sweep", "git_rev": git_revision()},
                                params={"seed": spec.seed, "sampler": spec.search.sampler,
                                        "pruner": spec.search.pruner.type, "n_trials": spec.search.n_trials,
-                                       "objective": spec.objective.metric})
+                                       "objective": spec.objective.metric, "direction": spec.objective.direction,
+                                       **space_params(spec)})
     tracker.log_dict(run_id, spec.model_dump(mode="json"), "spec.json")
     return run_id
+
+
+def space_params(spec: SweepSpec) -> dict[str, str]:
+    """The search space as params of the sweep's run: ``space.<path>`` = its range or choices."""
+    return {f"space.{path}": json.dumps(param.model_dump(mode="json", exclude_none=True))
+            for path, param in spec.search.space.items()}
 
 
 def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path]) -> None:

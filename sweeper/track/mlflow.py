@@ -35,6 +35,9 @@ DEFAULT_URI = "sqlite:///mlflow.db"  # MLflow's own default, in the current dire
 TAG = "sweeper."  # sweeper's tag namespace
 MAX_PARAM = 6000  # characters MLflow keeps of a param value
 MAX_TAG = 5000  # characters of a tag value sweeper writes (MLflow allows 8,000)
+# MLflow 3's UI opens an experiment without a kind on its GenAI pages (traces); this kind opens it
+# on its training runs
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 METRICS_PER_CALL = 1000  # MLflow's cap on metrics in one log_batch
 # Set for the process unless the user set them: MLflow's own HTTP retries (default 7, backoff
 # factor 2: minutes per call on a dead server) off and a 10 s socket timeout (default 120 s),
@@ -104,8 +107,14 @@ class Tracker:
 
     @functools.cached_property
     def _experiment_id(self) -> str:
+        """The experiment's id; made if new, and tagged as model training where it says no kind."""
         found = self._client.get_experiment_by_name(self.experiment)
-        return found.experiment_id if found else self._client.create_experiment(self.experiment)
+        if found is None:
+            return self._client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
+        for key, value in EXPERIMENT_KIND.items():
+            if key not in found.tags:
+                self._client.set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
 
     def drain(self) -> None:
         """Wait until every write made so far was handed to the outbox (an asynchronous tracker)."""
@@ -206,6 +215,16 @@ class Tracker:
         metrics = [[k, float(v), now, step] for step, h in enumerate(history, first_step) for k, v in h.items()]
         for i in range(0, len(metrics), METRICS_PER_CALL):
             self._write({"op": "log_batch", "run": run_id, "metrics": metrics[i:i + METRICS_PER_CALL]})
+
+    def log_dataset(self, run_id: str | None, name: str, digest: str, source: dict[str, Any],
+                    profile: dict[str, Any], context: str = "training") -> None:
+        """A data set as an input of the run (the MLflow UI's Dataset column): its ``name``,
+        ``digest`` (a fingerprint of its content), ``source`` and ``profile`` (sizes), as JSON."""
+        if run_id is not None:
+            self._write({"op": "log_inputs", "run": run_id, "context": context,
+                         "dataset": {"name": name, "digest": digest, "source_type": "sweeper",
+                                     "source": json.dumps(source, sort_keys=True, default=str),
+                                     "profile": json.dumps(profile, sort_keys=True)}})
 
     def log_dict(self, run_id: str | None, data: dict[str, Any], path: str) -> None:
         """``data`` as the JSON artifact ``path`` (e.g. "trial.json", "reports/a.json")."""

@@ -5,6 +5,7 @@ A write is a small dict (an "entry": the same whether it is sent at once or from
                 journal, or with live: true from a caller that did not wait for the id (sender.py)
   log_batch     run, metrics [[key, value, timestamp ms, step], ...], params {k: v}, tags {k: v}
   update_run    run, status                 set_terminated  run, status, time (ms)
+  log_inputs    run, context, dataset {name, digest, source_type, source, profile}
   log_artifact  run, folder (artifact path or None); from a journal also file (its copy)
 
 A write that fails for want of a server (no connection, a timeout, HTTP 5xx/408/429) is tried
@@ -177,6 +178,11 @@ class Outbox:
             client.log_batch(run_id, metrics=[Metric(*m) for m in entry.get("metrics", [])],
                              params=[Param(k, v) for k, v in entry.get("params", {}).items()],
                              tags=[RunTag(k, v) for k, v in entry.get("tags", {}).items()])
+        elif op == "log_inputs":
+            from mlflow.entities import Dataset, DatasetInput, InputTag
+
+            client.log_inputs(run_id, datasets=[DatasetInput(Dataset(**entry["dataset"]),
+                                                             [InputTag("mlflow.data.context", entry["context"])])])
         elif op == "update_run":
             client.update_run(run_id, status=entry["status"])
         elif op == "set_terminated":

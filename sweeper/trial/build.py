@@ -60,6 +60,13 @@ class TrialParts:
     optimizer: torch.optim.Optimizer
     scheduler: Any
 
+    def data_info(self) -> dict[str, Any]:
+        """What a trial's info says of its data: the fingerprint, and the splits' sizes and shape."""
+        data = self.data
+        return {"data_fingerprint": self.data_fingerprint,
+                "data_profile": {"train": int(data.train_y.shape[0]), "val": int(data.val_y.shape[0]),
+                                 "classes": int(data.num_classes), "input_shape": list(data.input_shape)}}
+
 
 # One data set per process, on its device: trials of a sweep share it (same plugin, args, seed).
 _data_cache: dict[str, tuple[DataSplits, str]] = {}
@@ -144,7 +151,7 @@ def run_trial(config: TrialConfig, report: Report, device: torch.device, info: d
     go to the trainer (continue from a saved state; hand out the state after each epoch)."""
     parts = build(config, device)
     if info is not None:
-        info["data_fingerprint"] = parts.data_fingerprint
+        info.update(parts.data_info())
     if before_fit is not None:
         before_fit(parts)
     history = fit(parts.model, parts.optimizer, parts.scheduler, parts.data, config.spec.train,

@@ -125,7 +125,7 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         info.update(device=str(device), device_name=_device_name(device), threads=torch.get_num_threads(),
                     torch=torch.__version__, cuda=torch.version.cuda or "none")
         members = fused.fit_fused(configs, device, report)
-        info.update(data_fingerprint=members[0].parts.data_fingerprint, fused_engine=members[0].engine)
+        info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
         for member in members:
             out = outs[member.config.number]
             out.state, out.reason = member.state, member.reason

@@ -41,7 +41,7 @@ from sweeper.search.optuna.recovery import POLL_S, Recovery
 from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, RETRY_OF, SLOT,
                                          TELL, interrupted, make_pruner, make_sampler, record)
 from sweeper.search.pool import Executor
-from sweeper.search.trial_runs import close_trial_run, open_trial_run
+from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.records import TrialEvent, TrialRecord
@@ -373,6 +373,7 @@ class Coordinator(Recovery):
                             "another process retried it")
             return
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
+        log_sweep_dataset(self.ctx.tracker, self.spec, self.ctx.sweep, outcome.info)
         finished = record(frozen)
         self._check_breaker(finished)
         if outcome.state == "complete":

@@ -1,12 +1,13 @@
-"""`sweeper status` and `sweeper stop` for an Optuna sweep, by output folder or storage URL:
-trials by state, which process holds which trial, throughput, the budget and time left."""
+"""`sweeper status`, `sweeper stop` and `sweeper dashboard` for an Optuna sweep, by output
+folder or storage URL: trials by state, which process holds which trial, throughput, the budget
+and time left; optuna-dashboard on its study."""
 
 from __future__ import annotations
 
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -94,3 +95,44 @@ def since(iso: str | None) -> str:
     if iso is None:
         return "-"
     return f"{(datetime.now() - datetime.fromisoformat(iso)).total_seconds():.0f} s ago"
+
+
+def dashboard(url: str, name: str, host: str, port: int, say: Callable[[str], None]) -> None:
+    """optuna-dashboard serving the sweep's study until interrupted (it names the objective and
+    shows the search space: study.describe)."""
+    import optuna
+
+    try:
+        import optuna_dashboard
+    except ModuleNotFoundError:
+        raise UserError("sweeper dashboard needs optuna-dashboard: pip install 'optuna-dashboard>=0.17,<0.22' "
+                        "(or sweeper[deploy])") from None
+    study_id = optuna.load_study(study_name=name, storage=url)._study_id
+    say(f"optuna-dashboard: sweep '{name}' ({safe_url(url)}) at http://{host}:{port}/dashboard/studies/{study_id} "
+        "(Ctrl-C stops it)")
+    optuna_dashboard.run_server(url, host=host, port=port)
+
+
+def show(info: dict[str, Any], out: Any) -> None:
+    """``sweeper status``'s lines and table of ``report``'s ``info``, on a rich Console ``out``."""
+    from rich.table import Table
+
+    budget = info["budget"]
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(info["counts"].items())) or "no trials yet"
+    rate = f"{info['trials_per_min']:.2f} trials/min" if info["trials_per_min"] else "-"
+    left = f"{info['time_left_s'] / 60:.1f} min" if info["time_left_s"] is not None else "-"
+    out.print(f"[bold]sweep '{info['name']}'[/] in {info['storage']}: {info['state']}")
+    out.print(f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
+              + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else ""))
+    out.print(f"  trials     {counts}")
+    out.print(f"  throughput {rate} (last finished {since(info['last_finished'])}); "
+              f"time left about {left}")
+    table = Table("process", "role", "alive", "last heartbeat", "holds", box=None, padding=(0, 2))
+    alive = [p for p in info["processes"] if p["alive"]]
+    for p in alive:
+        table.add_row(p["member"], p["role"], "yes" if p["alive"] else "no", f"{p['seen_s_ago']:.0f} s ago",
+                      ", ".join(p["holds"]) or "-")
+    if alive:
+        out.print(table)
+    gone = len(info["processes"]) - len(alive)
+    out.print(f"  {len(alive)} process(es) serving it" + (f"; {gone} earlier one(s) gone" if gone else ""))

@@ -108,14 +108,28 @@ def open_study(spec: SweepSpec, out_dir: Path) -> optuna.Study:
     url = storage_url(spec, out_dir)
     for attempt in range(CREATE_ATTEMPTS):
         try:
-            return optuna.create_study(study_name=spec.name, storage=make_storage(url, spec),
-                                       sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
-                                       pruner=make_pruner(spec), direction=spec.objective.direction,
-                                       load_if_exists=True)
+            study = optuna.create_study(study_name=spec.name, storage=make_storage(url, spec),
+                                        sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
+                                        pruner=make_pruner(spec), direction=spec.objective.direction,
+                                        load_if_exists=True)
+            describe(study, spec)
+            return study
         except optuna.exceptions.DuplicatedStudyError:
             if attempt + 1 == CREATE_ATTEMPTS:
                 raise
     raise AssertionError("unreachable")
+
+
+def describe(study: optuna.Study, spec: SweepSpec) -> None:
+    """What optuna-dashboard (`sweeper dashboard`) shows of the sweep: the objective's name (not
+    "Objective 0") and the search space, as the study's user attrs. Written once per study."""
+    if study.metric_names is None:
+        with warnings.catch_warnings():  # set_metric_names is experimental in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([spec.objective.metric])
+    if "search_space" not in study.user_attrs:
+        study.set_user_attr("search_space", {p: v.model_dump(mode="json", exclude_none=True) for p, v in spec.search.space.items()})
+        study.set_user_attr("objective", spec.objective.model_dump())
 
 
 def interrupted(t: FrozenTrial) -> bool:

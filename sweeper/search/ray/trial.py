@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.search.trial_runs import SweepInfo, close_trial_run, open_trial_run
+from sweeper.search.trial_runs import SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
@@ -127,6 +127,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
 
         outcome = execute(task, decide)
         close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
+        log_sweep_dataset(tracker, task.spec, context.sweep, outcome.info)
         if outcome.state != "complete":
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do

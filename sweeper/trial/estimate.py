@@ -1,0 +1,112 @@
+"""A budget before the sweep (`sweeper validate --estimate`): a few optimizer steps and one
+evaluation of the base configuration (the spec as written, before any search value), timed on
+the device and with the threads a trial gets, extrapolated to a trial and bounded for the sweep.
+
+The base configuration stands for every trial: a search space that changes the model's size or
+the batch size makes trials faster or slower than it. The bound assumes no trial is pruned and
+the workers run side by side (search.parallel, or Ray's concurrent trials); search.timeout caps it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sweeper.spec import SweepSpec
+from sweeper.trial.batching import train_batches
+from sweeper.trial.build import build_model, build_optimizer, load_data
+from sweeper.trial.seeding import configure_torch, threads_per_trial
+from sweeper.trial.trainer import Stepper, evaluate, resolve_device
+
+WARMUP_STEPS = 2  # untimed: the first steps allocate (and on CUDA, pick kernels)
+TIMED_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Estimate:
+    device: str
+    threads: int
+    step_s: float  # one optimizer step of train.batch_size samples
+    eval_s: float  # one pass over the validation split
+    steps_per_epoch: int
+    epochs: int
+    trials: int | None  # search.n_trials (None: until the timeout)
+    workers: int  # trials side by side
+    timeout_s: float | None
+
+    @property
+    def trial_s(self) -> float:
+        return self.epochs * (self.steps_per_epoch * self.step_s + self.eval_s)
+
+    @property
+    def sweep_bound_s(self) -> float | None:
+        """The sweep's time if no trial were pruned (None: no budget but a missing timeout)."""
+        bound = None if self.trials is None else math.ceil(self.trials / self.workers) * self.trial_s
+        if self.timeout_s is not None:
+            bound = self.timeout_s if bound is None else min(bound, self.timeout_s)
+        return bound
+
+
+    def describe(self) -> str:
+        """What `sweeper validate --estimate` prints (comment lines, like the rest of its output)."""
+        bound = self.sweep_bound_s
+        trials = "until the timeout" if self.trials is None else f"{self.trials} trials"
+        lines = [f"# estimate on {self.device} ({self.threads} thread(s) a trial): {self.step_s * 1000:.1f} ms a step, "
+                 f"{self.eval_s * 1000:.1f} ms an evaluation, {self.steps_per_epoch} steps an epoch",
+                 f"# a trial: {_duration(self.trial_s)} ({self.epochs} epochs)",
+                 f"# the sweep ({trials}, {self.workers} side by side): at most "
+                 + (_duration(bound) if bound is not None else "unbounded")
+                 + (" (search.timeout)" if self.timeout_s is not None and bound == self.timeout_s else "")
+                 + "; pruned trials make it shorter"]
+        return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def estimate(spec: SweepSpec) -> Estimate:
+    threads = threads_per_trial(spec)
+    device = resolve_device(spec.train.device)
+    if device.type == "cpu":
+        configure_torch(threads=threads, deterministic=spec.train.deterministic)
+    data, _ = load_data(spec, device)
+    torch.manual_seed(spec.seed)
+    model = build_model(spec, data).to(device)
+    optimizer = build_optimizer(spec, model)
+    stepper = Stepper(model, optimizer, data, spec.train, spec.seed)
+    batches = train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(spec.seed))
+    steps_per_epoch = math.ceil(data.train_y.shape[0] / spec.train.batch_size)
+    model.train()
+    timed, started = 0, 0.0
+    for i in range(WARMUP_STEPS + TIMED_STEPS):
+        if i == WARMUP_STEPS:
+            _sync(device)
+            started = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:  # a small data set: the next epoch's order
+            batches = train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(spec.seed + i))
+            batch = next(batches)
+        stepper.step(batch)
+        timed += i >= WARMUP_STEPS
+    _sync(device)
+    step_s = (time.perf_counter() - started) / timed
+    started = time.perf_counter()
+    evaluate(model, data, spec.train.eval_batch_size, stepper.dtype)
+    _sync(device)
+    eval_s = time.perf_counter() - started
+    search = spec.search
+    workers = search.parallel if search.backend == "optuna" else (search.ray.max_concurrent_trials or 1)
+    return Estimate(str(device), threads, step_s, eval_s, steps_per_epoch, spec.train.epochs, search.n_trials,
+                    workers, search.timeout)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

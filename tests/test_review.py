@@ -1,0 +1,98 @@
+"""Reviewing a sweep: what the MLflow UI reads of it (the experiment's kind, the data set as the
+sweep run's input, the search space and objective, trial runs that sort) and optuna-dashboard
+served by `sweeper dashboard` over the sweep's study, with the objective named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from conftest import children, sweeper, wait_for, write_spec
+from mlflow_server import free_port
+
+
+def test_the_mlflow_ui_reads_a_sweep_as_model_training(workdir: Path, mlflow_uri: str):
+    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "review-ui"})
+    sweeper("run", str(spec), "search.n_trials=3", "train.epochs=2", "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    client = MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("review-ui")
+    # MLflow 3's UI opens it on its training runs, not on the GenAI traces overview
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    parent = client.get_run(summary["mlflow"]["parent_run_id"])
+    (dataset,) = [d.dataset for d in parent.inputs.dataset_inputs]  # the Dataset column
+    assert dataset.name == "synthetic" and len(dataset.digest) == 16
+    assert json.loads(dataset.profile) == {"train": 256, "val": 64, "classes": 3, "input_shape": [1, 4, 4]}
+    assert json.loads(dataset.source)["args"]["num_train"] == 256
+    params = parent.data.params
+    assert params["objective"] == "val_acc" and params["direction"] == "maximize"
+    assert json.loads(params["space.optimizer.args.lr"]) == {"type": "float", "low": 1e-4, "high": 0.1, "log": True}
+    assert json.loads(params["space.model.args.hidden"])["choices"] == [16, 32]
+
+    # the registered best model is logged on the sweep's run (the Models column)
+    models = client.search_logged_models([experiment.experiment_id])
+    assert [m.source_run_id for m in models] == [parent.info.run_id]
+
+    trials = children(client, parent.info.run_id)
+    names = sorted(r.info.run_name for r in trials)
+    assert names == ["trial-00000", "trial-00001", "trial-00002"]  # zero-padded: they sort by number
+    digests = {r.data.tags["sweeper.data_fingerprint"] for r in trials}
+    assert digests == {dataset.digest}  # the input is the data the trials trained on
+
+
+def test_dashboard_serves_the_sweeps_study_with_its_objective_named(workdir: Path):
+    spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
+    sweeper("run", str(spec), "search.n_trials=2", "train.epochs=2", "--out", "out", "-q", check=True)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()  # it says where it serves before it starts
+        assert f"http://127.0.0.1:{port}/dashboard/studies/" in line, line
+
+        def answers() -> bool:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5).status == 200
+            except OSError:
+                return False
+
+        wait_for(answers, proc, what="optuna-dashboard answering")
+        studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies").read())
+        (study,) = [s for s in studies["study_summaries"] if s["study_name"] == "smoke"]
+        detail = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0").read())
+        assert detail["objective_names"] == ["val_acc"]  # not "Objective 0"
+        assert len(detail["trials"]) == 2
+        attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+        assert "optimizer.args.lr" in json.loads(attrs["search_space"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
+    import re
+
+    from sweeper.trial.estimate import Estimate
+
+    spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
+    out = sweeper("validate", str(spec), "search.n_trials=5", "search.parallel=2", "train.epochs=3", "--estimate",
+                  check=True).stdout
+    step, evaluation, steps = re.search(r"([\d.]+) ms a step, ([\d.]+) ms an evaluation, (\d+) steps an epoch",
+                                        out).groups()
+    assert int(steps) == 8  # 256 training samples, batches of 32
+    trial = float(re.search(r"# a trial: ([\d.]+) s \(3 epochs\)", out).group(1))
+    assert abs(trial - 3 * (8 * float(step) + float(evaluation)) / 1000) <= 0.1  # the printed figures' rounding
+    bound = float(re.search(r"5 trials, 2 side by side\): at most ([\d.]+) s", out).group(1))
+    assert abs(bound - 3 * trial) <= 0.2  # ceil(5 / 2) rounds of trials, none pruned
+    # the bound's arithmetic, and search.timeout capping it
+    est = Estimate("cpu", 1, step_s=0.01, eval_s=0.1, steps_per_epoch=10, epochs=4, trials=9, workers=4, timeout_s=None)
+    assert est.trial_s == 4 * (10 * 0.01 + 0.1) and est.sweep_bound_s == 3 * est.trial_s
+    capped = Estimate("cpu", 1, 0.01, 0.1, 10, 4, trials=None, workers=1, timeout_s=60.0)
+    assert capped.sweep_bound_s == 60.0 and "(search.timeout)" in capped.describe()
