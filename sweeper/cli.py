@@ -226,32 +226,24 @@ def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a n
                                      "model's members (compared within a relative 1e-5)")) -> None:
     """Train a recorded trial again and check every per-epoch metric against its MLflow run.
     A trial trained fused with others trains again with them, fused as before."""
-    from rich.table import Table
-
     from sweeper.replay import replay as replay_trial
     from sweeper.track.mlflow import resolve_uri
-    from sweeper.track.progress import fmt
+    from sweeper.track.progress import print_replay
 
-    out = Console(highlight=False)
-    report = replay_trial(run_id, resolve_uri(tracking_uri), solo)
-    for warning in report.warnings:
-        out.print(f"[yellow]warning:[/] {warning}")
-    how = "bitwise" if report.tolerance == 0 else f"within relative {report.tolerance:g}"
-    if report.matches:
-        largest = f" (largest relative difference {report.max_difference:.2g})" if report.tolerance else ""
-        group = f" (trained again fused with trials {report.fused_with})" if report.fused_with else ""
-        out.print(f"[green]trial {report.number} reproduced[/]{group}: {report.epochs} epoch(s), every metric equal "
-                  f"{how}{largest}")
-        return
-    table = Table("epoch", "metric", "recorded", "replayed", title=f"trial {report.number}: metrics differ ({how})")
-    for epoch, metric, old, new in report.mismatches[:40]:
-        table.add_row(str(epoch), metric, fmt(old), fmt(new))
-    out.print(table)
-    if report.fused_alone:
-        out.print(f"It trained fused and was replayed alone: the batched kernels' float rounding differs, and this "
-                  f"trial's training amplifies it (largest relative difference {report.max_difference:.2g}). "
-                  f"Without --solo it trains again with its fused model's members.")
-    raise typer.Exit(1)
+    if not print_replay(Console(highlight=False), replay_trial(run_id, resolve_uri(tracking_uri), solo)):
+        raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def report(source: str = typer.Argument(..., help="a sweep's output folder, or the MLflow run id of a sweep"),
+           out: Optional[Path] = typer.Option(None, "--out", help="[default: FOLDER/report.html, or ./report-RUN_ID.html]"),
+           tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
+    """Write one self-contained HTML report of a sweep: summary, every trial, the plots of the
+    search, the LR range test, the export and its parity, the failures. It opens without a server."""
+    from sweeper.review.report import from_source
+
+    typer.echo(f"report: {from_source(source, out, tracking_uri)}")
 
 
 @app.command("export")

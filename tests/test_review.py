@@ -96,3 +96,44 @@ def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
     assert est.trial_s == 4 * (10 * 0.01 + 0.1) and est.sweep_bound_s == 3 * est.trial_s
     capped = Estimate("cpu", 1, 0.01, 0.1, 10, 4, trials=None, workers=1, timeout_s=60.0)
     assert capped.sweep_bound_s == 60.0 and "(search.timeout)" in capped.describe()
+
+
+def test_the_sweeps_run_holds_its_report_and_plots_and_sweeper_report_writes_it_again(workdir: Path, mlflow_uri: str):
+    # a grid of 4: lr 1e12 fails (a non-finite loss); hidden varies among the complete ones, lr does not
+    spec = write_spec(workdir / "s.yaml", optimizer={"plugin": "sgd", "args": {"lr": 0.1}}, schedule={"plugin": "none"},
+                      search={"sampler": "grid", "n_trials": 4, "space": {
+                          "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]},
+                          "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}},
+                      tracking={"experiment": "review-report"})
+    sweeper("run", str(spec), "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    assert summary["counts"] == {"complete": 2, "failed": 2}
+    client = MlflowClient(mlflow_uri)
+    parent = summary["mlflow"]["parent_run_id"]
+    assert "report.html" in {a.path for a in client.list_artifacts(parent)}
+    pngs = {a.path for a in client.list_artifacts(parent, "plots")}
+    assert pngs == {f"plots/{n}.png" for n in ("history", "intermediate", "importance", "parallel", "slice")}
+    png = Path(client.download_artifacts(parent, "plots/history.png", str(workdir)))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    page = (workdir / "out" / "report.html").read_text()
+    assert "Trials (4)" in page and page.count("non-finite loss") >= 2 * 2  # the table and the failures
+    assert "Left out: needs two parameters that vary" in page  # the contour: lr is the same in every complete one
+    assert page.count("Plotly.newPlot(") == 5 and page.count("* plotly.js v") == 1  # its script once, inline
+    assert "<script src=" not in page  # nothing fetched: it opens without a network
+    assert "torchscript" in page and "max |eager - exported|" in page
+
+    # again, from the folder and from the run: the same trial table
+    sweeper("report", "out", "--out", "again.html", check=True)
+    sweeper("report", parent, "--out", "from-mlflow.html", check=True)
+    for name in ("again.html", "from-mlflow.html"):
+        other = (workdir / name).read_text()
+        assert _rows(other) == _rows(page) and other.count("Plotly.newPlot(") == 5
+    wrong = sweeper("report", str(workdir / "nowhere"))
+    assert wrong.returncode == 2 and "neither a folder nor a sweep's MLflow run" in wrong.stderr
+
+
+def _rows(page: str) -> list[str]:
+    import re
+
+    return re.findall(r"<tr><td>\d+</td>.*?</tr>", page)

@@ -164,9 +164,22 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
         files += exported
     summary_path = out_dir / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    end_sweep_run(tracker, parent, summary, [summary_path, *files])
+    report, *plots = _review(summary, out_dir) or [None]
+    end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
     _send_journals(tracker, out_dir, "end")
     return summary
+
+
+def _review(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """report.html and the plots of the search (review/), for the sweep's run: [report, *PNGs];
+    [] when they could not be drawn (said; nothing else is lost)."""
+    from sweeper.review import report
+
+    try:
+        return report.write(json.loads(json.dumps(summary, default=str)), out_dir)
+    except Exception as exc:
+        print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
 
 
 def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:

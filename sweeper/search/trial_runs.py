@@ -138,8 +138,10 @@ def space_params(spec: SweepSpec) -> dict[str, str]:
             for path, param in spec.search.space.items()}
 
 
-def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path]) -> None:
-    """Best metrics, trial counts and the best trial on the sweep's run; its files; FINISHED."""
+def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path],
+                  plots: list[Path] | None = None) -> None:
+    """Best metrics, trial counts and the best trial on the sweep's run; its files (``plots`` in
+    its plots/ folder); FINISHED."""
     if run_id is None:
         return
     best = summary.get("best") or {}
@@ -148,4 +150,5 @@ def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any],
     tracker.log_metrics(run_id, 0, metrics)
     tracker.set_tags(run_id, {"best_trial": best.get("number"), "best_run_id": best.get("mlflow_run_id")})
     tracker.log_files(run_id, files)
+    tracker.log_files(run_id, plots or [], "plots")
     tracker.end_run(run_id)

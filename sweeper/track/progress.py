@@ -144,3 +144,25 @@ class QuietObserver:
 
     def finish(self, summary: dict[str, Any]) -> None:
         print_result(Console(highlight=False), summary)
+
+
+def print_replay(out: Console, report: Any) -> bool:
+    """`sweeper replay`'s verdict (a replay.ReplayReport); True when every metric matched."""
+    for warning in report.warnings:
+        out.print(f"[yellow]warning:[/] {warning}")
+    how = "bitwise" if report.tolerance == 0 else f"within relative {report.tolerance:g}"
+    if report.matches:
+        largest = f" (largest relative difference {report.max_difference:.2g})" if report.tolerance else ""
+        group = f" (trained again fused with trials {report.fused_with})" if report.fused_with else ""
+        out.print(f"[green]trial {report.number} reproduced[/]{group}: {report.epochs} epoch(s), every metric equal "
+                  f"{how}{largest}")
+        return True
+    table = Table("epoch", "metric", "recorded", "replayed", title=f"trial {report.number}: metrics differ ({how})")
+    for epoch, metric, old, new in report.mismatches[:40]:
+        table.add_row(str(epoch), metric, fmt(old), fmt(new))
+    out.print(table)
+    if report.fused_alone:
+        out.print(f"It trained fused and was replayed alone: the batched kernels' float rounding differs, and this "
+                  f"trial's training amplifies it (largest relative difference {report.max_difference:.2g}). "
+                  f"Without --solo it trains again with its fused model's members.")
+    return False
