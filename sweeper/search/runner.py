@@ -217,7 +217,8 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
                 "checkpoint": str(trial_path(out_dir, top.number))}
     return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
             "storage": result.storage, "counts": counts, "best": best,
-            "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment, "parent_run_id": parent},
+            "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment,
+                       "experiment_id": tracker.experiment_id, "parent_run_id": parent},
             "spec": spec.model_dump(mode="json"), "trials": [r.model_dump(mode="json") for r in records]}
 
 

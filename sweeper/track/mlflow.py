@@ -116,6 +116,14 @@ class Tracker:
                 self._client.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
+    @property
+    def experiment_id(self) -> str | None:
+        """The experiment's id; None when tracking is off or MLflow cannot say now."""
+        try:
+            return self._experiment_id if self.enabled else None
+        except Exception:  # the server is away: the id is not known here
+            return None
+
     def drain(self) -> None:
         """Wait until every write made so far was handed to the outbox (an asynchronous tracker)."""
         if self.sender is not None:

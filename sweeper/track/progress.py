@@ -107,8 +107,16 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
                       f" ({registry['reason']})")
     mlflow = summary["mlflow"]
     if mlflow["tracking_uri"]:
-        console.print(f"MLflow: experiment '{mlflow['experiment']}', run {mlflow['parent_run_id']}; "
-                      f"browse with: mlflow ui --backend-store-uri {mlflow['tracking_uri']}")
+        console.print(f"MLflow: experiment '{mlflow['experiment']}', run {mlflow['parent_run_id']}")
+        uri, where = mlflow["tracking_uri"], mlflow.get("experiment_id")
+        # MLflow 3.17's UI opens any experiment on its GenAI pages unless the link says otherwise
+        # (its GenAI / Model training switch, not the experiment's kind, decides)
+        page = f"/#/experiments/{where}/runs?workflowType=machine_learning" if where else ""
+        if uri.startswith(("http://", "https://")):
+            console.print(f"open: {uri}{page}", soft_wrap=True)
+        else:
+            console.print(f"browse with: mlflow ui --backend-store-uri {uri}" + (f" and open http://127.0.0.1:5000{page}"
+                          if page else ""), soft_wrap=True)
     console.print(f"output: {summary['out_dir']}")
 
 
