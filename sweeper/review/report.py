@@ -9,6 +9,7 @@ import base64
 import html
 import json
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,40 @@ font-size:.9em;vertical-align:top}th{background:#f3f3f3}.failed{color:#b00}.prun
 h2{border-bottom:2px solid #eee;padding-bottom:.2em;margin-top:1.6em}.note{color:#666}"""
 
 
+class Drawing:
+    """The plots of a sweep's trials (``summary``'s spec and trials), drawn on a thread of their
+    own from the start: a sweep's end draws them while its export runs (about 4 s here, much of
+    it while the export's check waits for its process); ``finish`` writes the report."""
+
+    def __init__(self, summary: dict[str, Any], folder: Path) -> None:
+        self.spec = SweepSpec.model_validate(summary["spec"])
+        self.records = [TrialRecord.model_validate(t) for t in summary.get("trials", [])]
+        self.folder, self.made, self.error = folder, search_plots.Plots(), None
+        self.thread = threading.Thread(target=self._draw, name="sweeper-plots", daemon=True)
+        self.thread.start()
+
+    def _draw(self) -> None:
+        try:
+            self.made = search_plots.make(study_of(self.spec, self.records), self.folder / "plots")
+        except BaseException as exc:  # for finish, on the caller's thread
+            self.error = exc
+
+    def finish(self, summary: dict[str, Any], out: Path | None = None) -> list[Path]:
+        """report.html (to ``out``, default folder/report.html) with the final ``summary``; returns
+        it and the plots' PNGs (folder/plots)."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        out = out or self.folder / "report.html"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(summary, self.records, self.made), encoding="utf-8")
+        return [out, *self.made.pngs.values()]
+
+
 def write(summary: dict[str, Any], folder: Path, out: Path | None = None) -> list[Path]:
     """report.html (to ``out``, default folder/report.html) and the plots' PNGs in folder/plots;
     returns the files written."""
-    spec = SweepSpec.model_validate(summary["spec"])
-    records = [TrialRecord.model_validate(t) for t in summary.get("trials", [])]
-    made = search_plots.make(study_of(spec, records), folder / "plots")
-    out = out or folder / "report.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(summary, records, made), encoding="utf-8")
-    return [out, *made.pngs.values()]
+    return Drawing(summary, folder).finish(summary, out)
 
 
 def from_source(source: str, out: Path | None, tracking_uri: str | None = None) -> Path:

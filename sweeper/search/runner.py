@@ -157,6 +157,7 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
     if prepared.lr_finder is not None:
         summary["lr_finder"] = prepared.lr_finder
+    drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     files = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
         handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records)
@@ -164,19 +165,28 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
         files += exported
     summary_path = out_dir / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    report, *plots = _review(summary, out_dir) or [None]
+    report, *plots = _reviewed(drawing, summary) or [None]
     end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
     _send_journals(tracker, out_dir, "end")
     return summary
 
 
-def _review(summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    """report.html and the plots of the search (review/), for the sweep's run: [report, *PNGs];
-    [] when they could not be drawn (said; nothing else is lost)."""
+def _review(summary: dict[str, Any], out_dir: Path) -> Any:
+    """The plots of the search (review/), begun on a thread; None (said) if they cannot be."""
     from sweeper.review import report
 
     try:
-        return report.write(json.loads(json.dumps(summary, default=str)), out_dir)
+        return report.Drawing(json.loads(json.dumps(summary, default=str)), out_dir)
+    except Exception as exc:
+        print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def _reviewed(drawing: Any, summary: dict[str, Any]) -> list[Path]:
+    """report.html and the PNGs for the sweep's run: [report, *PNGs]; [] when they could not be
+    drawn (said; nothing else is lost)."""
+    try:
+        return drawing.finish(json.loads(json.dumps(summary, default=str))) if drawing is not None else []
     except Exception as exc:
         print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
