@@ -178,7 +178,7 @@ def _review(summary: dict[str, Any], out_dir: Path) -> Any:
     try:
         return report.Drawing(json.loads(json.dumps(summary, default=str)), out_dir)
     except Exception as exc:
-        print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _no_report(exc)
         return None
 
 
@@ -188,8 +188,12 @@ def _reviewed(drawing: Any, summary: dict[str, Any]) -> list[Path]:
     try:
         return drawing.finish(json.loads(json.dumps(summary, default=str))) if drawing is not None else []
     except Exception as exc:
-        print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _no_report(exc)
         return []
+
+
+def _no_report(exc: Exception) -> None:
+    print(f"warning: the sweep's report could not be written: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:

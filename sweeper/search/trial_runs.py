@@ -13,6 +13,7 @@ from typing import Any
 
 from sweeper.pluginhost.binding import provenance
 from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TRIAL_JSON, TRIAL_JSON_VERSION, TrialJson
 from sweeper.trial.build import TrialConfig
@@ -134,8 +135,7 @@ def start_sweep_run(tracker: Tracker, spec: SweepSpec, resume_run_id: str | None
 
 def space_params(spec: SweepSpec) -> dict[str, str]:
     """The search space as params of the sweep's run: ``space.<path>`` = its range or choices."""
-    return {f"space.{path}": json.dumps(param.model_dump(mode="json", exclude_none=True))
-            for path, param in spec.search.space.items()}
+    return {f"space.{path}": json.dumps(param) for path, param in sp.as_json(spec.search.space).items()}
 
 
 def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path],

@@ -186,3 +186,9 @@ def apply(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     for path, value in values.items():
         set_path(out, path, value)
     return out
+
+
+def as_json(space: dict[str, Param]) -> dict[str, dict[str, Any]]:
+    """Each parameter as plain data (type, range or choices, condition): how the sweep's run and
+    its Optuna study show the search space."""
+    return {path: p.model_dump(mode="json", exclude_none=True) for path, p in space.items()}

@@ -128,7 +128,7 @@ def describe(study: optuna.Study, spec: SweepSpec) -> None:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([spec.objective.metric])
     if "search_space" not in study.user_attrs:
-        study.set_user_attr("search_space", {p: v.model_dump(mode="json", exclude_none=True) for p, v in spec.search.space.items()})
+        study.set_user_attr("search_space", sp.as_json(spec.search.space))
         study.set_user_attr("objective", spec.objective.model_dump())
 
 
