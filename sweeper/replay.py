@@ -13,6 +13,7 @@ from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.pluginhost.binding import provenance
+from sweeper.spec.objectives import FOOTPRINT_METRICS
 from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import load_trial
 from sweeper.trial.build import TrialConfig
@@ -57,7 +58,7 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
                         f"of its lineage instead")
     spec = record.spec
     history = {key: _by_epoch(tracker.metric_history(run_id, key))
-               for key in run.data.metrics if key not in UNREPRODUCIBLE}
+               for key in run.data.metrics if key not in UNREPRODUCIBLE and key not in FOOTPRINT_METRICS}
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
     tolerance = GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0
@@ -94,6 +95,9 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
         old, new = tags.get(f"{TAG}{key}"), outcome.info.get(key)
         if old is not None and new is not None and str(new) != old:
             report.warnings.append(f"{key}: recorded {old}, now {new}")
+    recorded, counted = run.data.metrics.get("params"), outcome.info.get("footprint", {}).get("params")
+    if recorded is not None and counted is not None and recorded != counted:  # the model's size (latency: timed)
+        report.mismatches.append((0, "params", recorded, counted))
     for epoch in range(1, max(epochs, len(outcome.history)) + 1):
         for metric, values in history.items():
             old = values[epoch - 1] if epoch <= len(values) else math.nan

@@ -182,15 +182,33 @@ def test_beaten_checkpoints_are_deleted_as_the_sweep_goes(tmp_path: Path, keep: 
     from sweeper.trial.checkpoint import trial_path
 
     spec = load(SPACES / "smoke.yaml", [f"export.keep_checkpoints={keep}"])
-    best = None
+    kept: list[TrialRecord] = []
     for number, value in ((0, 0.5), (1, 0.7), (2, 0.6), (3, 0.7)):  # trial 3 ties trial 1: 1 stays best
         trial_path(tmp_path, number).parent.mkdir(exist_ok=True)
         trial_path(tmp_path, number).write_bytes(b"state")
         new = TrialRecord(number=number, state="complete", params={}, value=value)
-        best = checkpoints.keep_better(spec, best, new, tmp_path)
-    assert best.number == 1
-    kept = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir())
-    assert kept == ([1] if keep == "best" else [0, 1, 2, 3])
+        kept = checkpoints.keep_better(spec, kept, new, tmp_path)
+    assert [r.number for r in kept] == ([1] if keep == "best" else [0, 1, 2, 3])
+    on_disk = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir())
+    assert on_disk == ([1] if keep == "best" else [0, 1, 2, 3])
+
+
+def test_a_multi_objective_sweep_keeps_the_checkpoints_of_its_pareto_front(tmp_path: Path):
+    from sweeper.search import checkpoints
+    from sweeper.track.records import TrialRecord
+    from sweeper.trial.checkpoint import trial_path
+
+    spec = load(SPACES / "smoke.yaml", ["search.pruner.type=none", "objective=null",
+                                        "objectives=[{metric: val_acc}, {metric: params, direction: minimize}]"])
+    kept: list[TrialRecord] = []
+    # (val_acc, params): 1 beats 0 on both; 2 is smaller; 3 is beaten by 1
+    for number, (acc, size) in enumerate([(0.5, 900.0), (0.7, 800.0), (0.6, 100.0), (0.65, 850.0)]):
+        trial_path(tmp_path, number).parent.mkdir(exist_ok=True)
+        trial_path(tmp_path, number).write_bytes(b"state")
+        new = TrialRecord(number=number, state="complete", params={}, value=acc, values={"val_acc": acc, "params": size})
+        kept = checkpoints.keep_better(spec, kept, new, tmp_path)
+    assert [r.number for r in kept] == [1, 2]
+    assert sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()) == [1, 2]
 
 
 def test_fused_tasks_are_chunks_of_each_batch_whatever_the_slots(tmp_path: Path):

@@ -123,10 +123,37 @@ def test_champion_moves_only_to_a_better_version(workdir: Path, mlflow_uri: str)
     for value in (0.5, 0.4, 0.7):  # val_acc, maximized
         run = client.create_run(exp).info.run_id
         results.append(publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec,
-                                        mlflow_uri, run, value))
+                                        mlflow_uri, run, {"val_acc": value}))
     assert [(r["version"], r["champion"]) for r in results] == [(1, True), (2, False), (3, True)]
     assert "does not beat champion version 1" in results[1]["reason"]
     assert client.get_model_version_by_alias("champion-test", "champion").version == 3
+
+
+def test_a_multi_objective_champion_moves_when_export_choose_picks_the_new_model(mlflow_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    from sweeper.export import publish
+    from sweeper.spec import SweepSpec
+    from sweeper_plugins.datasets import synthetic
+    from sweeper_plugins.models import mlp
+
+    data = synthetic(num_train=8, num_val=8, input_shape=(1, 4, 4), num_classes=3)
+    spec = SweepSpec.model_validate({
+        "name": "front", "dataset": {"plugin": "synthetic"}, "model": {"plugin": "mlp"},
+        "optimizer": {"plugin": "adam"}, "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+        "export": {"registered_name": "front-test", "choose": {"prefer": "params", "within": {"val_acc": 0.01}}}})
+    client = MlflowClient(mlflow_uri)
+    exp = client.create_experiment("front-test")
+    results = []
+    # a smaller model as accurate (picked), a smaller one far less accurate (not), a bigger one (not)
+    for values in ({"val_acc": 0.90, "params": 900.0}, {"val_acc": 0.895, "params": 500.0},
+                   {"val_acc": 0.70, "params": 100.0}, {"val_acc": 0.95, "params": 5000.0}):
+        run = client.create_run(exp).info.run_id
+        results.append(publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec,
+                                        mlflow_uri, run, values))
+    assert [r["champion"] for r in results] == [True, True, False, True]
+    assert "export.choose does not pick val_acc=0.7, params=100 over champion version 2" in results[2]["reason"]
+    assert client.get_model_version_by_alias("front-test", "champion").version == 4
 
 
 class Gated(nn.Module):

@@ -90,6 +90,12 @@ def test_warm_start_in_a_sweep(workdir: Path, mlflow_uri: str):
     parent = summary["mlflow"]["parent_run_id"]
     assert {"lr_finder/lr_finder_0.png", "lr_finder/lr_finder.json"} <= {a.path for a in client.list_artifacts(parent, "lr_finder")}
     assert client.get_run(parent).data.params["lr_finder.policy"] == "both"
+    # the report from the run alone (another machine: the out folder's images are not there)
+    moved = workdir / "elsewhere"
+    (workdir / "out").rename(moved)
+    sweeper("report", parent, "--out", "from-run.html", check=True)
+    assert (workdir / "from-run.html").read_text().count("<img alt='LR range test'") == 2  # one per optimizer
+    moved.rename(workdir / "out")
     # resumed: the cached result is reused, not recomputed
     cache = workdir / "out" / "lr_finder.json"
     stamp = cache.stat().st_mtime_ns

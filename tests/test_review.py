@@ -137,3 +137,39 @@ def _rows(page: str) -> list[str]:
     import re
 
     return re.findall(r"<tr><td>\d+</td>.*?</tr>", page)
+
+
+def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, mlflow_uri: str):
+    from sweeper.search.interim import InterimReview
+    from sweeper.spec import load
+    from sweeper.track.mlflow import Tracker
+    from sweeper.track.records import TrialEvent, TrialRecord
+
+    spec = load(write_spec(workdir / "s.yaml", tracking={"experiment": "review-interim", "review_every": 2}))
+    tracker = Tracker(mlflow_uri, "review-interim", workdir / "journal", asynchronous=True)
+    parent = tracker.start_run("interim", params={})
+    seen: list[TrialEvent] = []
+
+    class Inner:
+        def started(self, spec, out_dir): ...
+        def note(self, text): ...
+        def event(self, event): seen.append(event)
+
+    review = InterimReview(Inner(), spec, tracker, parent)
+    for n, (lr, hidden) in enumerate([(0.01, 16), (0.001, 32), (0.05, 32), (0.002, 16), (0.02, 16)]):
+        history = [{"val_acc": 0.5 + 0.1 * epoch * (n + 1) / 5, "val_loss": 1.0 / epoch} for epoch in (1, 2, 3)]
+        record = TrialRecord(number=n, state="complete", params={"optimizer.args.lr": lr, "model.args.hidden": hidden},
+                             value=history[-1]["val_acc"], values={"val_acc": history[-1]["val_acc"]},
+                             epochs=3, history=history)
+        review.event(TrialEvent.start(n))
+        review.event(TrialEvent.end(record))
+    assert review.close() is None
+    tracker.drain()
+    assert len(seen) == 10  # everything reaches the display as before
+    run = MlflowClient(mlflow_uri).get_run(tracker.real_id(parent))
+    covered = int(run.data.tags["sweeper.review_trials"])
+    assert covered in (4, 5)  # the last boundary (every 2), or the trials ended by the time it was drawn
+    client = MlflowClient(mlflow_uri)
+    assert {"plots/history.png", "plots/importance.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    page = Path(client.download_artifacts(run.info.run_id, "report.html", str(workdir))).read_text()
+    assert f"running: {covered} trials so far" in page and f"Trials ({covered})" in page

@@ -1,10 +1,12 @@
 """Register the best model in the MLflow Model Registry; move the ``champion`` alias to it only
-when it beats the current champion on the sweep's objective."""
+when it beats the current champion on the sweep's objective (with objectives: when the rule that
+picked it from the sweep's Pareto front, export.choose, picks it over the champion)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +16,7 @@ from torch import nn
 
 from sweeper.plugin import DataSplits
 from sweeper.spec import SweepSpec
-from sweeper.spec.model import Objective
+from sweeper.spec.objectives import Objective, choose
 from sweeper.track.mlflow import TAG
 
 ALIAS = "champion"
@@ -22,10 +24,10 @@ EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dyna
 
 
 def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: str, run_id: str,
-             value: float) -> dict[str, Any]:
+             values: dict[str, float]) -> dict[str, Any]:
     """Log ``model`` (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
-    move the alias when ``value`` (the objective) beats the champion's."""
+    move the alias when ``values`` (its objectives' values, by metric) beat the champion's."""
     import mlflow
     import torch
     from mlflow.exceptions import MlflowException
@@ -56,10 +58,14 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
         client.create_registered_model(name)
     objective = spec.objective
     tags = {f"{TAG}objective_metric": objective.metric, f"{TAG}objective_direction": objective.direction,
-            f"{TAG}objective_value": repr(float(value)), f"{TAG}sweep": spec.name}
+            f"{TAG}objective_value": repr(float(values[objective.metric])), f"{TAG}sweep": spec.name,
+            f"{TAG}objectives": _goals_json(spec.goals), f"{TAG}objective_values": json.dumps(values, sort_keys=True)}
     version = client.create_model_version(name, logged.model_uri, run_id=run_id, tags=tags,
                                           model_id=logged.model_id).version
-    moved, reason = _decide(client, name, objective, float(value))
+    if len(spec.goals) > 1:
+        moved, reason = _decide_front(client, name, spec, values)
+    else:
+        moved, reason = _decide(client, name, objective, float(values[objective.metric]))
     if moved:
         client.set_registered_model_alias(name, ALIAS, version)
     return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
@@ -99,3 +105,28 @@ def _decide(client: Any, name: str, objective: Objective, value: float) -> tuple
     better = objective.better(value, best)
     verb = "beats" if better else "does not beat"
     return better, f"{metric}={value:.6g} {verb} {ALIAS} version {current.version} ({metric}={best:.6g})"
+
+
+def _goals_json(goals: list[Objective]) -> str:
+    return json.dumps([g.model_dump() for g in goals])
+
+
+def _decide_front(client: Any, name: str, spec: SweepSpec, values: dict[str, float]) -> tuple[bool, str]:
+    """(move the alias?, why) for a multi-objective sweep: export.choose applied to the champion
+    and this model (the champion first: on a tie it stays)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, ALIAS)
+    except MlflowException:
+        return True, f"first {ALIAS} of '{name}'"
+    tags = current.tags
+    if tags.get(f"{TAG}objectives") != _goals_json(spec.goals) or f"{TAG}objective_values" not in tags:
+        return False, (f"{ALIAS} is version {current.version}, whose objectives are not "
+                       f"{', '.join(g.metric for g in spec.goals)}: not comparable, alias left in place")
+    theirs = json.loads(tags[f"{TAG}objective_values"])
+    picked = choose(spec.goals, spec.export.choose, [theirs, values], lambda v: v)
+    shown = ", ".join(f"{m}={v:.6g}" for m, v in values.items())
+    held = ", ".join(f"{m}={v:.6g}" for m, v in theirs.items())
+    verb = "picks" if picked is values else "does not pick"
+    return picked is values, f"export.choose {verb} {shown} over {ALIAS} version {current.version} ({held})"

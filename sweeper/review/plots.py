@@ -1,6 +1,7 @@
 """The plots of a search, made with Optuna's own: optimization history, intermediate values
 (each trial's learning curve, pruned ones included), parameter importances, parallel
-coordinates, and slice and contour of the most important parameters. Each as an interactive
+coordinates, and slice and contour of the most important parameters; with several objectives,
+the Pareto front too (the other plots show the first trainer metric, importances each objective). Each as an interactive
 plotly figure (for the HTML report) and as a PNG (matplotlib, rendered offline: no browser).
 
 A plot that needs what the sweep does not have (importances need two complete trials and a
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import optuna
+from optuna.study import StudyDirection
 
 TOP_PARAMS = 4  # slice: the most important parameters; contour: the first two
 PNG_DPI = 100
@@ -26,15 +28,29 @@ class Plots:
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why
 
 
-TITLES = {"history": "Optimization history", "intermediate": "Learning curves (intermediate values)",
+TITLES = {"pareto": "Pareto front", "history": "Optimization history", "intermediate": "Learning curves (intermediate values)",
           "importance": "Parameter importances", "parallel": "Parallel coordinates",
           "slice": "Slice of the top parameters", "contour": "Contour of the top two parameters"}
 
 
-def top_params(study: optuna.Study) -> list[str]:
-    """The parameters by importance (fANOVA), or in the order they appear when it cannot say."""
+def _importance_target(study: optuna.Study, objective: int) -> dict[str, Any]:
+    """One objective: Optuna's defaults. Several: the primary one, signed so that smaller is
+    better (Optuna's evaluator ranks the parameters that lead to low target values)."""
+    if len(study.directions) == 1:
+        return {}
+    sign = -1.0 if study.directions[objective] == StudyDirection.MAXIMIZE else 1.0
+    name = (study.metric_names or [f"Objective {objective}"] * (objective + 1))[objective]
+    return {"target": lambda t: sign * t.values[objective], "target_name": name}
+
+
+def top_params(study: optuna.Study, objective: int | None = None) -> list[str]:
+    """The parameters by importance (Optuna's default evaluator; on objective number ``objective``), or
+    in the order they appear when it cannot say."""
     try:
-        return list(optuna.importance.get_param_importances(study))[:TOP_PARAMS]
+        target = None if objective is None else _importance_target(study, objective)["target"]
+        with warnings.catch_warnings():  # it warns that it minimises a target, as the sign above makes it
+            warnings.simplefilter("ignore", UserWarning)
+            return list(optuna.importance.get_param_importances(study, target=target))[:TOP_PARAMS]
     except (ValueError, RuntimeError):
         names: list[str] = []
         for t in study.trials:
@@ -42,9 +58,9 @@ def top_params(study: optuna.Study) -> list[str]:
         return names[:TOP_PARAMS]
 
 
-def make(study: optuna.Study, folder: Path | None) -> Plots:
+def make(study: optuna.Study, folder: Path | None, primary: int = 0) -> Plots:
     """Every plot as a plotly figure, and as folder/<name>.png unless ``folder`` is None (the
-    objective named as the study's metric)."""
+    objectives named as the study's metrics; ``primary``: the objective of the one-value plots)."""
     from optuna import visualization as vis
     from optuna.visualization import matplotlib as mvis
 
@@ -53,14 +69,20 @@ def make(study: optuna.Study, folder: Path | None) -> Plots:
     if not complete:
         out.skipped = {name: "no complete trial" for name in TITLES}
         return out
-    top = top_params(study)
-    named = {"target_name": (study.metric_names or ["Objective Value"])[0]}
+    names = study.metric_names or [f"Objective {i}" for i in range(len(study.directions))]
+    several = len(names) > 1
+    top = top_params(study, primary if several else None)
+    named: dict[str, Any] = {"target_name": names[primary]}
+    if several:  # the one-value plots show the primary objective
+        named["target"] = lambda t: t.values[primary]
     varied = [p for p in top if len({repr(t.params.get(p)) for t in complete}) > 1]
     makers: dict[str, tuple[Callable[..., Any], Callable[..., Any], dict[str, Any]] | str] = {
+        "pareto": (vis.plot_pareto_front, mvis.plot_pareto_front, {"target_names": names})
+        if several and len(names) <= 3 else "one objective" if not several else "more than three objectives",
         "history": (vis.plot_optimization_history, mvis.plot_optimization_history, named),
         "intermediate": (vis.plot_intermediate_values, mvis.plot_intermediate_values, {})
         if any(t.intermediate_values for t in study.trials) else "no trial reported an epoch",
-        "importance": (vis.plot_param_importances, mvis.plot_param_importances, {})
+        "importance": (vis.plot_param_importances, mvis.plot_param_importances, _importance_target(study, primary))
         if len(complete) >= 2 and varied else "needs two complete trials and a parameter that varies",
         "parallel": (vis.plot_parallel_coordinate, mvis.plot_parallel_coordinate, {"params": top, **named})
         if top else "no parameters",
@@ -75,6 +97,7 @@ def make(study: optuna.Study, folder: Path | None) -> Plots:
         folder.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():  # Optuna's matplotlib plots are experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", UserWarning)  # the evaluator's note on a target (_importance_target)
         for name, maker in makers.items():
             if isinstance(maker, str):
                 out.skipped[name] = maker

@@ -40,7 +40,8 @@ class Drawing:
 
     def _draw(self) -> None:
         try:
-            self.made = search_plots.make(study_of(self.spec, self.records), self.folder / "plots")
+            primary = [g.metric for g in self.spec.goals].index(self.spec.objective.metric)
+            self.made = search_plots.make(study_of(self.spec, self.records), self.folder / "plots", primary)
         except BaseException as exc:  # for finish, on the caller's thread
             self.error = exc
 
@@ -82,7 +83,20 @@ def from_source(source: str, out: Path | None, tracking_uri: str | None = None) 
         raise UserError(f"{source} is neither a folder nor a sweep's MLflow run with a summary.json: {exc}") from None
     out = out or Path(f"report-{source}.html")
     with tempfile.TemporaryDirectory(prefix="sweeper-report-") as tmp:  # the PNGs are not kept
+        _fetch_lr_plots(tracker, source, summary, Path(tmp) / "lr_finder")
         return write(summary, Path(tmp), out.resolve())[0]
+
+
+def _fetch_lr_plots(tracker: Tracker, run_id: str, summary: dict[str, Any], folder: Path) -> None:
+    """The LR range tests' images from the sweep's run (its lr_finder/ folder) where the paths
+    summary.json names are not on this machine; a missing one is left out of the report."""
+    for finding in (summary.get("lr_finder") or {}).get("findings", []):
+        plot = finding.get("plot")
+        if plot and not Path(plot).is_file():
+            try:
+                finding["plot"] = str(tracker.download(run_id, f"lr_finder/{Path(plot).name}", folder))
+            except LookupError:
+                pass
 
 
 def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plots.Plots) -> str:
@@ -95,6 +109,7 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
              _kv_table({"MLflow tracking URI": summary.get("mlflow", {}).get("tracking_uri"),
                         "MLflow sweep run": summary.get("mlflow", {}).get("parent_run_id"),
                         "Optuna storage": summary.get("storage"), "output folder": summary.get("out_dir")})]
+    parts += _front(summary)
     parts += _best(summary.get("best"), metric)
     parts += _trials(records, metric)
     parts += _plots(made)
@@ -108,11 +123,31 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
             f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
 
 
+def _front(summary: dict[str, Any]) -> list[str]:
+    """A multi-objective sweep's Pareto front, and the rule that chose the exported point."""
+    front, goals = summary.get("pareto_front"), summary.get("objectives") or []
+    if not front:
+        return []
+    names = [g["metric"] for g in goals]
+    rows = [[p["number"], *(_short(p["values"].get(m)) for m in names),
+             "<br>".join(f"{_e(k)} = {_e(_short(v))}" for k, v in p["params"].items())] for p in front]
+    rule = summary.get("choose") or {}
+    said = (f"prefer {rule.get('prefer') or names[0]}" + "".join(f", {m} within {t} of the best"
+                                                                for m, t in (rule.get("within") or {}).items()))
+    listed = ", ".join(f"{g['metric']} ({g['direction']})" for g in goals)
+    rows = [[_e(c) for c in row[:-1]] + row[-1:] for row in rows]  # the params cell is HTML already
+    return [f"<h2>Pareto front ({len(front)} of the complete trials)</h2>",
+            f"<p>Objectives: {_e(listed)}. Export takes the point export.choose picks: {_e(said)}.</p>",
+            _table(["trial", *names, "params"], rows, escape=False)]
+
+
 def _best(best: dict[str, Any] | None, metric: str) -> list[str]:
     if not best:
         return ["<h2>Best trial</h2><p class=note>No trial completed.</p>"]
-    return [f"<h2>Best trial: {best['number']} ({_e(metric)} = {best['value']:.6g})</h2>",
+    shown = ", ".join(f"{m} = {v:.6g}" for m, v in (best.get("values") or {metric: best["value"]}).items())
+    return [f"<h2>Best trial: {best['number']} ({_e(shown)})</h2>",
             _kv_table({**{f"param {k}": v for k, v in best.get("params", {}).items()},
+                       **{f"footprint {k}": f"{v:.6g}" for k, v in (best.get("footprint") or {}).items()},
                        **{f"metric {k}": f"{v:.6g}" for k, v in (best.get("metrics") or {}).items()},
                        "seed": best.get("seed"), "MLflow run": best.get("mlflow_run_id"),
                        "checkpoint": best.get("checkpoint")})]

@@ -34,25 +34,26 @@ def _choice(value: Any) -> Any:
 
 
 def study_of(spec: SweepSpec, records: list[TrialRecord]) -> optuna.Study:
-    """The finished trials (complete, pruned, failed) with their params, objective value and
-    per-epoch objective (intermediate values), in trial number order."""
-    metric = spec.objective.metric
+    """The finished trials (complete, pruned, failed) with their params, objective values (one
+    per objective) and per-epoch objective (intermediate values), in trial number order."""
+    metric, goals = spec.objective.metric, spec.goals
     spaces = {path: distribution(p) for path, p in spec.search.space.items()}
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "a new study created in memory"
-    study = optuna.create_study(study_name=spec.name, direction=spec.objective.direction)
+    study = optuna.create_study(study_name=spec.name, directions=[g.direction for g in goals])
     with warnings.catch_warnings():  # set_metric_names is experimental in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([metric])
+        study.set_metric_names([g.metric for g in goals])
     trials = []
     for r in sorted(records, key=lambda r: r.number):
-        if r.state not in STATES or (r.state == "complete" and r.value is None):
+        scores = r.scores(spec)
+        if r.state not in STATES or (r.state == "complete" and scores is None):
             continue
         params = {k: _choice(v) for k, v in r.params.items() if k in spaces}
         params = {k: v for k, v in params.items() if _within(spaces[k], v)}
         steps = {epoch: h[metric] for epoch, h in enumerate(r.history, 1)
                  if isinstance(h.get(metric), (int, float)) and math.isfinite(h[metric])}
         trials.append(optuna.trial.create_trial(
-            state=STATES[r.state], value=r.value if r.state == "complete" else None, params=params,
+            state=STATES[r.state], values=[scores[g.metric] for g in goals] if scores else None, params=params,
             distributions={k: spaces[k] for k in params}, intermediate_values=steps,
             user_attrs={"number": r.number, "reason": r.reason or ""}))
     study.add_trials(trials)

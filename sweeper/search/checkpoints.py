@@ -1,6 +1,6 @@
 """Which trial checkpoints a sweep keeps in <out>/checkpoints, the same rule for both backends:
-the best completed trial's always (export rebuilds the model from it), every completed trial's
-with export.keep_checkpoints: all (so `sweeper export RUN_ID` reaches each of them).
+the best completed trial's always (export rebuilds the model from it; with objectives, those of
+the Pareto front), every completed trial's with export.keep_checkpoints: all (so `sweeper export RUN_ID` reaches each of them).
 
 A sweep that many machines serve (search.storage set) also publishes each completed trial's
 checkpoint where every machine reads it: under search.artifact_root (a shared mount), else as
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
+from sweeper.spec.objectives import choose, pareto_front
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialRecord
 from sweeper.trial.checkpoint import trial_path
@@ -62,30 +63,41 @@ def fetch(spec: SweepSpec, tracker: Tracker, record: TrialRecord, out_dir: Path)
 
 
 def best(spec: SweepSpec, records: list[TrialRecord]) -> TrialRecord | None:
-    """The completed trial with the best objective value (the lowest number on ties), or None."""
+    """The sweep's best trial: the completed trial with the best objective value (the lowest
+    number on ties); with objectives, the point of the Pareto front export.choose picks."""
     complete = sorted((r for r in records if r.state == "complete"), key=lambda r: r.number)
-    return spec.objective.best(complete, lambda r: r.value)
+    return choose(spec.goals, spec.export.choose, complete, lambda r: r.scores(spec))
+
+
+def front(spec: SweepSpec, records: list[TrialRecord]) -> list[TrialRecord]:
+    """The completed trials no other one beats on every objective (by number)."""
+    complete = sorted((r for r in records if r.state == "complete"), key=lambda r: r.number)
+    return pareto_front(spec.goals, complete, lambda r: r.scores(spec))
 
 
 def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:
-    """Trial numbers whose checkpoint the sweep keeps."""
+    """Trial numbers whose checkpoint the sweep keeps: every complete trial's, or the best's
+    (with objectives: the Pareto front's, so `sweeper export RUN_ID` reaches any point of it)."""
     if spec.export.keep_checkpoints == "all":
         return sorted(r.number for r in records if r.state == "complete")
+    if len(spec.goals) > 1:
+        return [r.number for r in front(spec, records)]
     top = best(spec, records)
     return [] if top is None else [top.number]
 
 
-def keep_better(spec: SweepSpec, best: TrialRecord | None, new: TrialRecord, out_dir: Path) -> TrialRecord | None:
-    """The rule applied as a sweep goes, one completed trial at a time: returns the best of
-    ``best`` and ``new`` and deletes the other one's checkpoint (unless every one is kept)."""
-    pair = sorted((r for r in (best, new) if r is not None), key=lambda r: r.number)  # ties: the lower number
-    winner = spec.objective.best(pair, lambda r: r.value)
-    loser = new if winner is best else best
-    if loser is not None and spec.export.keep_checkpoints != "all":
-        trial_path(out_dir, loser.number).unlink(missing_ok=True)
-        if (shared := published_path(spec, loser.number)) is not None:
-            shared.unlink(missing_ok=True)
-    return winner
+def keep_better(spec: SweepSpec, kept_so_far: list[TrialRecord], new: TrialRecord,
+                out_dir: Path) -> list[TrialRecord]:
+    """The rule applied as a sweep goes, one completed trial at a time: returns the trials kept
+    among ``kept_so_far`` and ``new`` and deletes the others' checkpoints (unless all are kept)."""
+    pool = sorted([*kept_so_far, new], key=lambda r: r.number)  # ties: the lower number
+    keep = set(kept(spec, pool))
+    if spec.export.keep_checkpoints != "all":
+        for loser in (r for r in pool if r.number not in keep):
+            trial_path(out_dir, loser.number).unlink(missing_ok=True)
+            if (shared := published_path(spec, loser.number)) is not None:
+                shared.unlink(missing_ok=True)
+    return [r for r in pool if r.number in keep]
 
 
 def prune(spec: SweepSpec, records: list[TrialRecord], out_dir: Path) -> None:

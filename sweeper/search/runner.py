@@ -17,6 +17,7 @@ from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.search import backend, checkpoints, pool
 from sweeper.search.backend import Observer, SearchContext, SearchResult
+from sweeper.search.interim import InterimReview
 from sweeper.search.state import Prepared, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
 from sweeper.spec import SweepSpec
@@ -136,8 +137,9 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
     if not prepared.fresh and role == "run":
         tracker.resume_run(parent)
     spec = prepared.apply(spec)  # the LR finder may have narrowed the space
+    interim = InterimReview(observer, spec, tracker, parent) if role == "run" and parent else None
     ctx = SearchContext(out_dir, tracker, SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
-                        observer, store, role, enqueue=prepared.enqueue)
+                        interim or observer, store, role, enqueue=prepared.enqueue)
     started = time.perf_counter()
     try:
         result = searcher.run(spec, ctx)
@@ -146,6 +148,8 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
             with contextlib.suppress(Exception):  # the original error is what the user must see
                 tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
+    if interim is not None and (failure := interim.close()) is not None:  # before the final report replaces it
+        print(f"warning: the sweep's interim report could not be drawn: {failure}", file=sys.stderr)
     if role == "worker":
         _send_journals(tracker, out_dir, "end")
         return {"name": spec.name, "role": "worker", "storage": result.storage,
@@ -218,7 +222,8 @@ def _counts(records: list[TrialRecord]) -> dict[str, int]:
 
 def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker,
               parent: str | None) -> dict[str, Any]:
-    """summary.json: the resolved spec, the best trial and every trial, whichever backend ran them."""
+    """summary.json: the resolved spec, the best trial (with objectives: the point of the Pareto
+    front export.choose picks), the front, and every trial, whichever backend ran them."""
     # runs created while MLflow was away: their MLflow ids, once sent
     ids = tracker.found_ids([r.mlflow_run_id for r in result.records], parent)
     records = [r.model_copy(update={"mlflow_run_id": run_id}) for r, run_id in zip(result.records, ids)]
@@ -226,10 +231,15 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
     best = None
     top = checkpoints.best(spec, records)
     if top is not None:
-        best = {"number": top.number, "params": top.params, "value": top.value, "seed": top.seed,
-                "mlflow_run_id": top.mlflow_run_id, "metrics": top.history[-1] if top.history else {},
+        best = {"number": top.number, "params": top.params, "value": top.value, "values": top.scores(spec),
+                "seed": top.seed, "mlflow_run_id": top.mlflow_run_id,
+                "metrics": top.history[-1] if top.history else {}, "footprint": top.footprint,
                 "checkpoint": str(trial_path(out_dir, top.number))}
+    front = [{"number": r.number, "values": r.scores(spec), "params": r.params, "mlflow_run_id": r.mlflow_run_id}
+             for r in checkpoints.front(spec, records)] if len(spec.goals) > 1 else None
     return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
+            "objectives": [g.model_dump() for g in spec.goals], "pareto_front": front,
+            "choose": spec.export.choose.model_dump() if spec.export.choose else None,
             "storage": result.storage, "counts": counts, "best": best,
             "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment,
                        "experiment_id": tracker.experiment_id, "parent_run_id": parent},
@@ -253,11 +263,11 @@ def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracker: Track
         return {"export": {"error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
                                     f"{type(exc).__name__}: {exc}"}}, []
     source = {"trial": best["number"], "mlflow_run_id": best["mlflow_run_id"], "checkpoint": best["checkpoint"],
-              "objective": {spec.objective.metric: best["value"]}}
+              "objective": best["values"]}
     handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
     if parent is not None:
         try:
-            handed["registry"] = publish.register(model, data, spec, tracker.uri, parent, best["value"])
+            handed["registry"] = publish.register(model, data, spec, tracker.uri, parent, best["values"])
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

@@ -111,7 +111,11 @@ def close_trial_run(tracker: Tracker, run_id: str | None, state: str, reason: st
     run's MLflow status follows the state unless ``status`` is given."""
     if run_id is None:
         return
-    tracker.set_tags(run_id, {"state": state, **({"reason": reason} if reason else {}), **(info or {})})
+    info = dict(info or {})
+    sizes = info.pop("footprint", None)  # metrics of the trained model: columns in the MLflow UI
+    tracker.set_tags(run_id, {"state": state, **({"reason": reason} if reason else {}), **info})
+    if sizes:
+        tracker.log_metrics(run_id, 0, sizes)
     if error:
         tracker.log_text(run_id, error, "error.txt")
     tracker.end_run(run_id, status or STATUS.get(state, "FINISHED"))
@@ -128,7 +132,8 @@ def start_sweep_run(tracker: Tracker, spec: SweepSpec, resume_run_id: str | None
                                params={"seed": spec.seed, "sampler": spec.search.sampler,
                                        "pruner": spec.search.pruner.type, "n_trials": spec.search.n_trials,
                                        "objective": spec.objective.metric, "direction": spec.objective.direction,
-                                       **space_params(spec)})
+                                       **({"objectives": ", ".join(f"{g.metric} ({g.direction})" for g in spec.goals)}
+                                          if len(spec.goals) > 1 else {}), **space_params(spec)})
     tracker.log_dict(run_id, spec.model_dump(mode="json"), "spec.json")
     return run_id
 
@@ -145,10 +150,13 @@ def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any],
     if run_id is None:
         return
     best = summary.get("best") or {}
-    metrics = {f"best_{k}": v for k, v in (best.get("metrics") or {}).items()}
+    metrics = {f"best_{k}": v for k, v in {**(best.get("metrics") or {}), **(best.get("footprint") or {})}.items()}
     metrics.update({f"trials_{state}": n for state, n in summary["counts"].items()})
     tracker.log_metrics(run_id, 0, metrics)
-    tracker.set_tags(run_id, {"best_trial": best.get("number"), "best_run_id": best.get("mlflow_run_id")})
+    front = summary.get("pareto_front")
+    tracker.set_tags(run_id, {"best_trial": best.get("number"), "best_run_id": best.get("mlflow_run_id"),
+                              "review_trials": str(len(summary.get("trials", []))),  # what report.html covers
+                              **({"pareto_front": ",".join(str(p["number"]) for p in front)} if front else {})})
     tracker.log_files(run_id, files)
     tracker.log_files(run_id, plots or [], "plots")
     tracker.end_run(run_id)

@@ -5,15 +5,14 @@ Every default lives here, with its unit and reason.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sweeper.spec import space as sp
+from sweeper.spec.objectives import METRICS, Choose, Objective, check_goals, with_primary
 
-T = TypeVar("T")
-# Metrics the trainer reports each epoch; the objective must be one of them.
-METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
+__all__ = ["METRICS", "Objective"]  # re-exported: the spec's vocabulary
 # Sections the search space may address; the others configure the sweep itself.
 SEARCHABLE_ROOTS = ("dataset", "model", "optimizer", "schedule", "train")
 
@@ -31,27 +30,6 @@ class PluginRef(_Strict):
     def _drop_unset(cls, args: dict[str, Any]) -> dict[str, Any]:
         # An unset value means "the plugin's own default": never pass None through.
         return {k: v for k, v in args.items() if v is not None}
-
-
-class Objective(_Strict):
-    metric: Literal[METRICS] = "val_acc"  # value of the last epoch is the trial's value
-    direction: Literal["maximize", "minimize"] = "maximize"
-
-    def better(self, value: float, than: float | None) -> bool:
-        """True when ``value`` beats ``than`` in this direction (anything beats None); the one
-        place sweeper compares two objective values."""
-        if than is None:
-            return True
-        return value > than if self.direction == "maximize" else value < than
-
-    def best(self, items: Iterable[T], value: Callable[[T], float | None]) -> T | None:
-        """The item whose value is best (the first one on ties); items without a value are skipped."""
-        chosen: T | None = None
-        for item in items:
-            v = value(item)
-            if v is not None and (chosen is None or self.better(v, value(chosen))):
-                chosen = item
-        return chosen
 
 
 class TrainSpec(_Strict):
@@ -156,7 +134,9 @@ OPTUNA_ONLY = {"parallel": "search.ray.max_concurrent_trials and search.resource
 
 class SearchSpec(_Strict):
     backend: Literal["optuna", "ray"] = "optuna"
-    sampler: Literal["tpe", "random", "grid", "cmaes", "gp"] = "tpe"
+    sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
+    population: int | None = Field(default=None, ge=2, description="nsga2: trials per generation (default: "
+                                   "Optuna's 50; the first generation is random)")
     pruner: PrunerSpec = PrunerSpec()
     n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
     timeout: float | None = Field(default=None, gt=0, description="seconds from the start (or resume) of the "
@@ -306,6 +286,9 @@ class TrackingSpec(_Strict):
     # Precedence: this value, else $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (MLflow's default).
     mlflow_uri: str | None = None
     experiment: str | None = None  # default: the sweep's name
+    # trials ended (in one `sweeper run`) between redraws of report.html and the plots on the
+    # sweep's run while it runs (about 4 s of one core each, on a thread); 0: only at its end
+    review_every: int = Field(default=50, ge=0)
 
     @field_validator("mlflow_uri")
     @classmethod
@@ -330,6 +313,9 @@ class ExportSpec(_Strict):
     # checkpoints kept after the sweep: `best` (the best trial's, always kept) or `all` (every
     # completed trial's, so `sweeper export RUN_ID` can export any of them; costs disk)
     keep_checkpoints: Literal["best", "all"] = "best"
+    # objectives (several): which point of the Pareto front is exported, registered and called
+    # the sweep's best (spec/objectives.py); default: the front's best on the first objective
+    choose: Choose | None = None
 
     @model_validator(mode="after")
     def _check_formats(self) -> ExportSpec:
@@ -343,7 +329,11 @@ class ExportSpec(_Strict):
 class SweepSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = Field(default=0, ge=0, description="sweep seed: data split, sampler, trial seeds")
+    # objective: one trainer metric. objectives: two or more (a Pareto front), which may include
+    # `params` and `latency_ms`; `objective` is then their first trainer metric (learning curves,
+    # the progress table's value)
     objective: Objective = Objective()
+    objectives: list[Objective] | None = None
     dataset: PluginRef
     model: PluginRef
     optimizer: PluginRef
@@ -352,6 +342,24 @@ class SweepSpec(_Strict):
     search: SearchSpec = SearchSpec()
     tracking: TrackingSpec = TrackingSpec()
     export: ExportSpec = ExportSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _primary(cls, data: Any) -> Any:
+        return with_primary(data)
+
+    @model_validator(mode="after")
+    def _check_objectives(self) -> SweepSpec:
+        check_goals(self.goals, self.objectives is not None, self.search.pruner.type, self.search.sampler,
+                    self.export.choose)
+        if self.search.population is not None and self.search.sampler != "nsga2":
+            raise ValueError(f"search.population sets nsga2's generation size; sampler is '{self.search.sampler}'")
+        return self
+
+    @property
+    def goals(self) -> list[Objective]:
+        """What the sweep optimises: ``objectives``, or ``[objective]``."""
+        return list(self.objectives) if self.objectives else [self.objective]
 
     @model_validator(mode="after")
     def _gpu_reserved(self) -> SweepSpec:

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sweeper.spec import Objective, SweepSpec
+from sweeper.spec.objectives import pareto_front
 from sweeper.track.records import TrialEvent, TrialRecord
 
 SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
@@ -20,24 +21,39 @@ STYLE = {"complete": "green", "pruned": "yellow", "failed": "red"}
 
 
 def fmt(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1e4:
+        return str(int(value))  # a parameter count: every digit
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
     return "-" if value is None else str(value)
 
 
-def trials_table(records: list[TrialRecord], objective: Objective, title: str = "") -> Table:
+def trials_table(records: list[TrialRecord], goals: list[Objective], title: str = "") -> Table:
+    """Finished trials: the objective and the best so far; with several objectives, each value
+    and a mark on the trials of the Pareto front (of these trials)."""
     table = Table(title=title or None, title_justify="left")
-    for col in ("#", "state", objective.metric, "best so far", "epochs", "s", "params / reason"):
+    several = len(goals) > 1
+    values = [g.metric for g in goals] + ["front"] if several else [goals[0].metric, "best so far"]
+    for col in ("#", "state", *values, "epochs", "s", "params / reason"):
         table.add_column(col, justify="right" if col in ("#", "epochs", "s") else "left")
+    ordered = sorted(records, key=lambda r: r.number)
+    front = {r.number for r in pareto_front(goals, ordered, lambda r: r.values or None)} if several else set()
     best = None
-    for r in sorted(records, key=lambda r: r.number):
-        if r.state == "complete" and r.value is not None and objective.better(r.value, best):
+    for r in ordered:
+        if r.state == "complete" and r.value is not None and goals[0].better(r.value, best):
             best = r.value
         detail = r.reason if r.state != "complete" and r.reason else \
             ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
-        table.add_row(str(r.number), f"[{STYLE.get(r.state, '')}]{r.state}", fmt(r.value),
-                      fmt(best), str(r.epochs), fmt(r.seconds), detail)
+        shown = [fmt(r.values.get(g.metric)) for g in goals] + ["*" if r.number in front else ""] \
+            if several else [fmt(r.value), fmt(best)]
+        table.add_row(str(r.number), f"[{STYLE.get(r.state, '')}]{r.state}", *shown, str(r.epochs),
+                      fmt(r.seconds), detail)
     return table
+
+
+def goals_of(summary: dict[str, Any]) -> list[Objective]:
+    """A summary's objectives (one sweeper wrote before multi-objective sweeps: its objective)."""
+    return [Objective.model_validate(g) for g in summary.get("objectives") or [summary["objective"]]]
 
 
 class RichObserver:
@@ -63,7 +79,7 @@ class RichObserver:
 
     def _view(self) -> Group:
         recent = sorted(self.records, key=lambda r: r.number)[-SHOWN_ROWS:]
-        return Group(trials_table(recent, self.spec.objective), self.bars)
+        return Group(trials_table(recent, self.spec.goals), self.bars)
 
     def event(self, event: TrialEvent) -> None:
         n = event.number
@@ -83,7 +99,7 @@ class RichObserver:
         if self.live:
             self.live.stop()
         trials = [TrialRecord.model_validate(t) for t in summary["trials"]]
-        self.console.print(trials_table(trials, Objective.model_validate(summary["objective"]), title="trials"))
+        self.console.print(trials_table(trials, goals_of(summary), title="trials"))
         print_result(self.console, summary)
 
 
@@ -91,10 +107,15 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
     counts = ", ".join(f"{n} {state}" for state, n in sorted(summary["counts"].items()))
     console.print(f"trials: {counts or 'none'}")
     best = summary["best"]
+    if best and summary.get("pareto_front"):
+        front = summary["pareto_front"]
+        console.print(f"Pareto front: {len(front)} trial(s): {', '.join(str(p['number']) for p in front)}")
     if best:
         params = ", ".join(f"{k}={fmt(v)}" for k, v in best["params"].items())
-        console.print(f"[bold green]best[/]: trial {best['number']} {summary['objective']['metric']}="
-                      f"{fmt(best['value'])} seed={best['seed']} {params}")
+        values = ", ".join(f"{m}={fmt(v)}" for m, v in (best.get("values") or
+                                                        {summary["objective"]["metric"]: best["value"]}).items())
+        label = "chosen" if summary.get("pareto_front") else "best"
+        console.print(f"[bold green]{label}[/]: trial {best['number']} {values} seed={best['seed']} {params}")
     else:
         console.print("[bold red]no trial completed[/]")
     if "export" in summary:

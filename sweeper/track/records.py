@@ -30,6 +30,8 @@ class TrialRecord(_Record):
     state: TrialState
     params: dict[str, Any]
     value: float | None = None  # the objective's value of the last epoch (complete trials)
+    values: dict[str, float] = {}  # complete trials: every objective's value, by metric (spec.goals)
+    footprint: dict[str, float] = {}  # its trained model's params (and latency_ms): trial/footprint.py
     seed: int | None = None
     reason: str | None = None  # why it was pruned or failed
     epochs: int = 0
@@ -42,6 +44,28 @@ class TrialRecord(_Record):
     node_ip: str | None = None
     restarts: int = 0  # times it continued from its own checkpoint (backend ray)
     exploits: list[dict[str, Any]] = []  # PBT: {epoch, donor, params} per exploit
+
+    def scores(self, spec: SweepSpec) -> dict[str, float] | None:
+        """A complete trial's objective values by metric (what the Pareto front and export.choose
+        compare); None for other trials. Records of an older sweeper hold ``value`` alone."""
+        if self.state != "complete":
+            return None
+        if self.values:
+            return dict(self.values)
+        return {spec.objective.metric: self.value} if self.value is not None and len(spec.goals) == 1 else None
+
+
+def goal_values(spec: SweepSpec, last: dict[str, float], footprint: dict[str, float]) -> dict[str, float]:
+    """A complete trial's objective values: its last epoch's metrics and its model's footprint."""
+    found = {**footprint, **last}
+    return {g.metric: float(found[g.metric]) for g in spec.goals if g.metric in found}
+
+
+def objective_values(spec: SweepSpec, history: list[dict[str, float]], info: dict[str, Any]) -> list[float] | None:
+    """A complete trial's values, one per objective in the spec's order (the study's), from its
+    history and its info's footprint; None when one was not measured."""
+    found = goal_values(spec, history[-1], info.get("footprint", {})) if history else {}
+    return [found[g.metric] for g in spec.goals] if len(found) == len(spec.goals) else None
 
 
 class TrialEvent(_Record):

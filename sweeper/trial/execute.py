@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.trial import checkpoint, fused
+from sweeper.trial import checkpoint, footprint, fused
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
 from sweeper.trial.trainer import resolve_device
@@ -83,7 +83,8 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
             resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
             out.history = [dict(h) for h in resume.state["history"]]
             last["state"] = resume.state
-        run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end)
+        trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end)
+        out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
         if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
             checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
         out.state = "complete"
@@ -110,6 +111,7 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
     outs = {c.number: Outcome(c.number, "failed") for c in configs}
     started = time.perf_counter()
     info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
+    sizes: dict[int, dict[str, float]] = {}  # each complete member's footprint
 
     def report(index: int, epoch: int, metrics: dict[str, float]) -> None:
         number = configs[index].number
@@ -129,6 +131,9 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         for member in members:
             out = outs[member.config.number]
             out.state, out.reason = member.state, member.reason
+            if member.state == "complete":  # its model has its own storage again
+                sizes[member.config.number] = footprint.measure(member.parts.model, member.parts.data,
+                                                                member.config.spec)
             if member.state == "complete" and member.config.checkpoint:
                 state = member.training_state()
                 checkpoint.save(Path(member.config.checkpoint),
@@ -153,8 +158,8 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
     finally:
         release_device_memory()
     seconds = time.perf_counter() - started  # the group's wall time: each member's share is seconds / N
-    for out in outs.values():
-        out.info = {**info, "seconds": seconds}
+    for number, out in outs.items():
+        out.info = {**info, "seconds": seconds, **({"footprint": sizes[number]} if number in sizes else {})}
     return [outs[c.number] for c in configs]
 
 

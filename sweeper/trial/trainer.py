@@ -72,7 +72,7 @@ class Stepper:
             if data.train_transform is not None:
                 x = data.train_transform(x, self.augment_gen)
             x = speed.as_input(data.inputs(x), self.channels_last)
-            with _autocast(self.device, self.dtype):
+            with autocast(self.device, self.dtype):
                 out = self.model(x)
                 loss = self.criterion(out, y)
             # weight each micro-batch by its share so the sum is the full batch's mean loss
@@ -159,7 +159,7 @@ def evaluate(model: nn.Module, data: DataSplits, batch_size: int,
     correct = torch.zeros((), device=device, dtype=torch.int64)
     n = data.val_x.shape[0]
     layout = speed.channels_last(model, device)
-    with torch.inference_mode(), _autocast(device, dtype):
+    with torch.inference_mode(), autocast(device, dtype):
         for part in eval_batches(n, batch_size):
             out = model(speed.as_input(data.inputs(data.val_x[part]), layout)).float()
             loss += F.cross_entropy(out, data.val_y[part], reduction="sum")
@@ -170,7 +170,7 @@ def evaluate(model: nn.Module, data: DataSplits, batch_size: int,
     return val_loss, correct.item() / n
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)

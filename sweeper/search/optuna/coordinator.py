@@ -39,12 +39,12 @@ from sweeper.search.optuna import lease, writes
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.recovery import POLL_S, Recovery
 from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, RETRY_OF, SLOT,
-                                         TELL, interrupted, make_pruner, make_sampler, record)
+                                         TELL, directions, interrupted, make_pruner, make_sampler, record)
 from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.track.records import TrialEvent, TrialRecord, objective_values
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial import fused
@@ -77,7 +77,8 @@ class Coordinator(Recovery):
         self.threads = threads_per_trial(spec)
         self.next_check = 0.0  # monotonic time to look for stale trials next
         records = self.records()
-        self.best = checkpoints.best(spec, records)  # whose checkpoint is kept so far
+        kept = checkpoints.kept(spec, records)
+        self.kept = [r for r in records if r.number in kept]  # whose checkpoints are kept so far
         self.trained = any(r.state in ("complete", "pruned") for r in records)  # the breaker is off once true
         self.stopped: Exception | None = None  # the circuit breaker's error, raised once the trials end
         # trials per fused model (1: none fused); claimed tasks wait in `pending` for a free worker
@@ -223,7 +224,7 @@ class Coordinator(Recovery):
 
     def _view(self, batch: int, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
         """An in-memory study holding the finished trials of the batches before ``batch``."""
-        view = optuna.create_study(study_name=self.spec.name, direction=self.spec.objective.direction,
+        view = optuna.create_study(study_name=self.spec.name, directions=directions(self.spec),
                                    sampler=sampler, pruner=make_pruner(self.spec))
         view.add_trials(self._finished_before(batch))
         return view
@@ -258,7 +259,8 @@ class Coordinator(Recovery):
         written, one transaction each, when the trial is claimed; its "fixed_params" system attr
         is not needed: a trial's suggest returns a param it holds)."""
         self.waiting_here += writes.create(self.study, [optuna.trial.create_trial(
-            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs)
+            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs,
+            system_attrs={k: v for k, v in p.system_attrs.items() if k != "fixed_params"})  # NSGA-II's generation
             for p, attrs in proposed])
 
     # --- running -------------------------------------------------------------------------------
@@ -313,6 +315,10 @@ class Coordinator(Recovery):
         in-memory shadow study only, so a waiting worker gets its answer at once."""
         live = self.live[number]
         value = metrics[self.spec.objective.metric]
+        if len(self.spec.goals) > 1:  # no pruner compares several objectives: each trial runs to its end
+            if live.shadow is None:
+                live.epochs[epoch] = value
+            return live.lost
         if live.shadow is None:  # the live study decides: it must hold this epoch first
             self._guard(number, lambda: live.trial.report(value, epoch))
             live.epochs[epoch] = value
@@ -355,15 +361,20 @@ class Coordinator(Recovery):
         if outcome.state == "pruned":
             reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
                      f"({metric}={outcome.history[-1][metric]:.4g})"
+        values = objective_values(self.spec, outcome.history, outcome.info) if outcome.state == "complete" else None
+        if outcome.state == "complete" and values is None:  # a footprint the trial could not measure
+            outcome.state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in self.spec.goals)}"
         live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
         info = {"seed": live.config.seed, "reason": reason, "mlflow_run_id": live.run_id,
                 "history": outcome.history, **outcome.info}
-        value = outcome.history[-1][metric] if outcome.state == "complete" else None
+        if values is not None:
+            info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
+            info["value"] = info["values"][metric]  # the primary objective's (the table's value)
         frozen = None
         self.heartbeat.release(live.trial._trial_id)  # first: no beat writes its epochs meanwhile
         if not live.lost:
             try:  # its epochs, info, state and value: one transaction
-                frozen = writes.finish(self.study, live.trial._trial_id, TELL[outcome.state], value, live.epochs,
+                frozen = writes.finish(self.study, live.trial._trial_id, TELL[outcome.state], values, live.epochs,
                                        {INFO: info})
             except UpdateFinishedTrialError:
                 live.lost = True
@@ -379,7 +390,7 @@ class Coordinator(Recovery):
         if outcome.state == "complete":
             checkpoints.publish(self.spec, self.ctx.tracker, finished, self.ctx.out_dir)
             # free the disk as the sweep goes, not only at its end
-            self.best = checkpoints.keep_better(self.spec, self.best, finished, self.ctx.out_dir)
+            self.kept = checkpoints.keep_better(self.spec, self.kept, finished, self.ctx.out_dir)
         self.ctx.observer.event(TrialEvent.end(finished))
 
     def records(self) -> list[TrialRecord]:

@@ -87,9 +87,17 @@ def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
     search = spec.search
     if search.sampler == "grid":
         return _Grid({path: sp.grid_values(path, p) for path, p in search.space.items()}, seed=seed)
+    if search.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, **({"population_size": search.population}
+                                                            if search.population else {}))
     factories = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
                  "cmaes": optuna.samplers.CmaEsSampler, "gp": optuna.samplers.GPSampler}
     return factories[search.sampler](seed=seed)
+
+
+def directions(spec: SweepSpec) -> list[str]:
+    """The study's directions: one per objective, in the spec's order (a trial's values too)."""
+    return [g.direction for g in spec.goals]
 
 
 def make_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
@@ -110,7 +118,7 @@ def open_study(spec: SweepSpec, out_dir: Path) -> optuna.Study:
         try:
             study = optuna.create_study(study_name=spec.name, storage=make_storage(url, spec),
                                         sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
-                                        pruner=make_pruner(spec), direction=spec.objective.direction,
+                                        pruner=make_pruner(spec), directions=directions(spec),
                                         load_if_exists=True)
             describe(study, spec)
             return study
@@ -126,10 +134,11 @@ def describe(study: optuna.Study, spec: SweepSpec) -> None:
     if study.metric_names is None:
         with warnings.catch_warnings():  # set_metric_names is experimental in Optuna
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names([spec.objective.metric])
+            study.set_metric_names([g.metric for g in spec.goals])
     if "search_space" not in study.user_attrs:
         study.set_user_attr("search_space", sp.as_json(spec.search.space))
         study.set_user_attr("objective", spec.objective.model_dump())
+        study.set_user_attr("objectives", [g.model_dump() for g in spec.goals])
 
 
 def interrupted(t: FrozenTrial) -> bool:
@@ -149,7 +158,9 @@ def record(t: FrozenTrial) -> TrialRecord:
     if interrupted(t):
         reason = f"interrupted: {t.system_attrs[INTERRUPTED]}; retried with the same parameters"
     history = info.get("history", [])
-    return TrialRecord(number=t.number, state=STATE.get(t.state, "failed"), params=t.params, value=t.value,
-                       seed=info.get("seed"), reason=reason, epochs=len(history), seconds=info.get("seconds"),
+    values = info.get("values", {}) if t.state == TrialState.COMPLETE else {}
+    value = t.values[0] if t.values and len(t.values) == 1 else info.get("value")
+    return TrialRecord(number=t.number, state=STATE.get(t.state, "failed"), params=t.params, value=value,
+                       values=values, footprint=info.get("footprint", {}), seed=info.get("seed"), reason=reason, epochs=len(history), seconds=info.get("seconds"),
                        device=info.get("device"), mlflow_run_id=info.get("mlflow_run_id"),
                        history=history, fused_with=info.get("fused_with", []))

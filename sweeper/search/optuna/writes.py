@@ -85,16 +85,17 @@ def beat(study: optuna.Study, trial_id: int, epochs: dict[int, float], renew: bo
             _heartbeat(session, trial_id)
 
 
-def finish(study: optuna.Study, trial_id: int, state: TrialState, value: float | None,
+def finish(study: optuna.Study, trial_id: int, state: TrialState, values: list[float] | None,
            epochs: dict[int, float], user_attrs: dict[str, Any]) -> FrozenTrial:
     """The trial's end, as ``study.tell`` records it (a pruned trial's value is its last epoch's),
-    with ``epochs``' values and ``user_attrs``. UpdateFinishedTrialError when another process
-    has finished the trial already (its lease ran out)."""
+    with ``epochs``' values and ``user_attrs``; ``values``: one per objective of the study.
+    UpdateFinishedTrialError when another process has finished the trial already (its lease ran out)."""
     if state == TrialState.PRUNED and epochs:
         last = epochs[max(epochs)]
-        value = last if not math.isnan(last) else None
-    if state == TrialState.COMPLETE and (value is None or math.isnan(value)):
-        raise ValueError(f"a complete trial needs a value, not {value}")  # as study.tell
+        values = [last] if not math.isnan(last) else None
+    if state == TrialState.COMPLETE and (not values or len(values) != len(study.directions)
+                                         or any(math.isnan(v) for v in values)):
+        raise ValueError(f"a complete trial needs {len(study.directions)} values, not {values}")  # as study.tell
     study._thread_local.cached_all_trials = None  # as study.tell: the study's cache of its trials
     rdb = _rdb(study)
     with _create_scoped_session(rdb.scoped_session) as session:
@@ -103,8 +104,8 @@ def finish(study: optuna.Study, trial_id: int, state: TrialState, value: float |
         _epochs(session, trial_id, epochs)
         for key, attr in user_attrs.items():
             rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
-        if value is not None:
-            rdb._set_trial_value_without_commit(session, trial, 0, float(value))
+        for objective, value in enumerate(values or []):
+            rdb._set_trial_value_without_commit(session, trial, objective, float(value))
         trial.state, trial.datetime_complete = state, datetime.now()
     return study._storage.get_trial(trial_id)
 

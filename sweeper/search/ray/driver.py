@@ -25,16 +25,17 @@ from sweeper.search.ray.schedulers import checkpoint_every, checkpoints_kept, ma
 from sweeper.search.ray.space import param_space
 from sweeper.search.ray.trial import MODEL, NUMBER, Context, read_meta, trainable, trial_number, trial_params
 from sweeper.search.trial_runs import close_trial_run
-from sweeper.spec import SweepSpec
+from sweeper.spec import Objective, SweepSpec
 from sweeper.spec import space as sp
+from sweeper.spec.objectives import FOOTPRINT_METRICS
 from sweeper.track.mlflow import Tracker
-from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.track.records import TrialEvent, TrialRecord, goal_values
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
 
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
 OWN_KEYS = ("epoch", "done", "trial_id", "sweeper_number", "sweeper_state", "mlflow_run_id", "node_id",
-            "seconds", "device", "should_checkpoint")
+            "seconds", "device", "should_checkpoint", *FOOTPRINT_METRICS)  # the footprint: the last result's
 EVENTS: Callable[[TrialEvent], None] | None = None  # the observer's event sink, set by run()
 ENDED: list[TrialRecord] = []  # trials ended in this run, in the order Tune reported them
 STOPPED: str | None = None  # the circuit breaker's error, once it trips (faults.breaker_trips)
@@ -60,8 +61,8 @@ def trial_dirname(trial: Any) -> str:
     return f"trial-{trial_number(trial.config, trial.trial_id):05d}-{trial.trial_id}"
 
 
-def _mode(spec: SweepSpec) -> str:
-    return "max" if spec.objective.direction == "maximize" else "min"
+def _mode(goal: Objective) -> str:
+    return "max" if goal.direction == "maximize" else "min"
 
 
 def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
@@ -74,7 +75,10 @@ def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
 
         from sweeper.search.optuna.study import make_sampler
 
-        return OptunaSearch(DefineByRun(search.space), metric=spec.objective.metric, mode=_mode(spec),
+        goals = spec.goals  # several: Optuna's multi-objective study, told every value at the trial's end
+        metric, mode = ([g.metric for g in goals], [_mode(g) for g in goals]) if len(goals) > 1 else \
+            (spec.objective.metric, _mode(spec.objective))
+        return OptunaSearch(DefineByRun(search.space), metric=metric, mode=mode,
                             sampler=make_sampler(spec, sampler_seed(spec.seed, 0))), {}
     return (BasicVariantGenerator(random_state=derive(spec.seed, "sweep")),
             param_space(search.space, grid=search.sampler == "grid"))
@@ -93,8 +97,14 @@ def record(spec: SweepSpec, number: int, config: dict[str, Any], last: dict[str,
     else:
         shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
         state, reason = "pruned", f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
+    values = goal_values(spec, last, {}) if state == "complete" else {}
+    if state == "complete" and len(values) < len(spec.goals):
+        state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
+        values = {}
     return TrialRecord(number=number, state=state, params=trial_params(spec.search.space, config),
-                       value=last.get(metric) if state == "complete" else None, seed=trial_seed(spec.seed, number),
+                       value=last.get(metric) if state == "complete" else None, values=values,
+                       footprint={k: float(last[k]) for k in FOOTPRINT_METRICS if k in last},
+                       seed=trial_seed(spec.seed, number),
                        reason=reason, epochs=epochs, seconds=last.get("seconds", last.get("time_total_s")),
                        device=last.get("device"), mlflow_run_id=last.get("mlflow_run_id") or None,
                        node_id=last.get("node_id"), node_ip=last.get("node_ip"), history=history)
@@ -219,6 +229,8 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
             # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
             # which trial exploits which still depends on the order results arrive in.
             random.seed(derive(spec.seed, "sweep"))
+        if len(spec.goals) > 1:  # epochs report the trainer's metrics; the footprint comes with the last result
+            os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
         grid = tuner.fit()
         # a trial Tune created but never started (the circuit breaker stopped the run) has no config
         records = sorted((_result_record(spec, r) for r in grid if r.config is not None), key=lambda r: r.number)
@@ -238,7 +250,7 @@ def _tune_config(spec: SweepSpec, searcher: Any) -> Any:
 
     search = spec.search
     samples = 1 if search.sampler == "grid" else (search.n_trials or -1)  # grid: every point once
-    return tune.TuneConfig(metric=spec.objective.metric, mode=_mode(spec),
+    return tune.TuneConfig(metric=spec.objective.metric, mode=_mode(spec.objective),
                            search_alg=searcher, scheduler=make_scheduler(spec), num_samples=samples,
                            max_concurrent_trials=search.ray.max_concurrent_trials, reuse_actors=search.ray.reuse_actors,
                            time_budget_s=search.timeout, trial_dirname_creator=trial_dirname)

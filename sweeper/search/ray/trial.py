@@ -132,7 +132,8 @@ def trainable(config: dict[str, Any], context: Context) -> None:
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
         # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
-        tune.report({**last, **ids, "sweeper_state": "complete", "seconds": outcome.info["seconds"],
+        tune.report({**last, **ids, **outcome.info.get("footprint", {}), "sweeper_state": "complete",
+                     "seconds": outcome.info["seconds"],
                      "device": outcome.info["device"], "done": True}, checkpoint=checkpoint(spec.train.epochs))
 
 
