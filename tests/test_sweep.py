@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import SPACES, children, kill_at_gate, sweeper, write_spec
+from conftest import SPACES, children, kill_at_gate, learned, sweeper, write_spec
 
 
 def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
@@ -144,3 +145,22 @@ def test_live_display_shows_the_trials_table(workdir: Path):
                    "--out", "out", check=True)
     assert "best so far" in proc.stdout and "best: trial" in proc.stdout
     assert "trials: 2 complete" in proc.stdout  # median pruning starts after 2 trials: none pruned
+
+
+@pytest.mark.parametrize("pruner", ["asha", "hyperband"])
+def test_asha_and_hyperband_prune_on_the_optuna_backend_whatever_the_workers(workdir: Path, pruner: str):
+    """Each trial is pruned against the earlier batches (a shadow study each); the pruner's
+    per-trial state (its rungs, as system attrs) reaches the real study; 1 or 2 workers alike."""
+    tables = []
+    for parallel in (1, 2):
+        spec = write_spec(workdir / "s.yaml", tracking={"experiment": f"prune-{pruner}"})
+        out = workdir / f"out-{parallel}"
+        sweeper("run", str(spec), f"search.pruner={{type: {pruner}, min_epochs: 1}}", "search.n_trials=8",
+                "train.epochs=4", f"search.parallel={parallel}", "--out", str(out), "-q", check=True)
+        trials = json.loads((out / "summary.json").read_text())["trials"]
+        tables.append([(t["number"], t["state"], t["params"], learned(t["history"])) for t in trials])
+        pruned = [t for t in trials if t["state"] == "pruned"]
+        assert pruned and all(t["epochs"] < 4 and f"by the {pruner} pruner" in t["reason"] for t in pruned)
+        study = optuna.load_study(study_name="smoke", storage=f"sqlite:///{out / 'optuna.db'}")
+        assert any(k.startswith("completed_rung_") for t in study.trials for k in t.system_attrs)
+    assert tables[0] == tables[1]

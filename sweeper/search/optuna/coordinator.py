@@ -62,6 +62,7 @@ class _Live:
     shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
     lost: bool = False  # another process failed it: this process's lease had run out
     epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
+    carried: dict[str, Any] = field(default_factory=dict)  # the shadow's system attrs written to the trial
 
 
 class Coordinator(Recovery):
@@ -339,7 +340,8 @@ class Coordinator(Recovery):
         self.heartbeat.progress(live.trial._trial_id, epoch, live.epochs[epoch])
         # pruners (ASHA) keep per-trial state in system attrs: carry new values to the real trial
         for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
-            if live.trial.system_attrs.get(key) != val:
+            if key not in live.carried or live.carried[key] != val:
+                live.carried[key] = val
                 self._guard(number, lambda: self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val))
 
     def _finish(self, outcome: Outcome) -> None:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from sweeper.search import faults
 from sweeper.search.optuna import lease
@@ -80,7 +80,7 @@ class Recovery:
                     storage.set_trial_system_attr(t._trial_id, INTERRUPTED, False)
                 continue
             if retry:
-                self._enqueue_retry(t.params, t.user_attrs, t.number)
+                self._enqueue_retry(t)
             # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
             close_trial_run(self.ctx.tracker, self._run_of(t), "interrupted", why, status="FAILED")
             self.ctx.observer.note(f"trial {t.number} was lost ({why})" +
@@ -94,12 +94,16 @@ class Recovery:
         tracker = self.ctx.tracker
         return tracker.found_ids([t.user_attrs.get(INFO, {}).get("mlflow_run_id")], self.ctx.sweep.parent_run_id)[0]
 
-    def _enqueue_retry(self, params: dict[str, Any], attrs: dict[str, Any], number: int, **changes: Any) -> None:
-        """Queue another attempt at a trial's slot: same params, seed and batch (and the same
-        train.accumulate, unless ``changes`` sets another)."""
+    def _enqueue_retry(self, t: Any, **changes: Any) -> None:
+        """Queue another attempt at trial ``t``'s slot (as ``study.enqueue_trial`` does): same
+        params, seed and batch (and the same train.accumulate, unless ``changes`` sets another),
+        and the sampler's attrs (NSGA-II's generation: the retry stands in for the attempt)."""
+        attrs = t.user_attrs
         kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE) if k in attrs}
-        self.study.enqueue_trial(params, user_attrs={**kept, RETRY_OF: number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1,
-                                                     **changes})
+        sampler = {k: v for k, v in t.system_attrs.items() if not k.startswith("sweeper_") and k != "fixed_params"}
+        self.study.add_trial(create_trial(state=TrialState.WAITING, system_attrs={**sampler, "fixed_params": t.params},
+                                          user_attrs={**kept, RETRY_OF: t.number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1,
+                                                      **changes}))
 
     def _retry_oom(self, live: Any, reason: str) -> str:
         """Queue a trial out of memory again, train.accumulate doubled, before it is told (its batch
@@ -107,7 +111,7 @@ class Recovery:
         accumulate = faults.oom_retry(live.config.spec, live.trial.user_attrs.get(ATTEMPT, 1))
         if accumulate is None:
             return f"{reason}; not retried (search.max_retries, or train.accumulate is train.batch_size already)"
-        self._enqueue_retry(live.trial.params, live.trial.user_attrs, live.trial.number, **{ACCUMULATE: accumulate})
+        self._enqueue_retry(live.trial, **{ACCUMULATE: accumulate})
         self.ctx.observer.note(f"trial {live.trial.number} ran out of memory: retried, train.accumulate={accumulate}")
         return f"{reason}; retried with train.accumulate={accumulate}"
 
@@ -132,7 +136,7 @@ class Recovery:
         for t in trials:
             slot = t.user_attrs.get(SLOT, t.number)
             if interrupted(t) and slot not in filled:
-                self._enqueue_retry(t.params, t.user_attrs, t.number)
+                self._enqueue_retry(t)
                 filled.add(slot)
         missing = [s for s in range(sweep.batch_start, sweep.proposed) if s not in filled]
         if missing and not self.spec.search.reproducible:
