@@ -61,7 +61,8 @@ def test_the_first_trials_failing_alike_stop_the_sweep_and_a_fixed_rerun_resumes
 
 def test_a_trial_out_of_memory_is_retried_with_smaller_micro_batches(workdir: Path, faulty: None):
     spec = write_spec(workdir / "spec.yaml", model={"plugin": "greedy", "args": {"fits": 8}},
-                      search={"sampler": "random", "n_trials": 1, "space": {}})
+                      search={"sampler": "nsga2", "population": 2, "n_trials": 1, "space": {
+                          "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}})
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     attempts = summary["trials"]
@@ -74,6 +75,8 @@ def test_a_trial_out_of_memory_is_retried_with_smaller_micro_batches(workdir: Pa
     study = _trials(workdir / "out")
     assert [t.user_attrs.get("sweeper_accumulate") for t in study] == [None, 2, 4]
     assert [t.user_attrs.get("sweeper_retry_of") for t in study] == [None, 0, 1]
+    # a retry stands in for its attempt in the sampler's books too (NSGA-II's generation)
+    assert [t.system_attrs.get("NSGAIISampler:generation") for t in study] == [0, 0, 0]
     # the budget is one trial: the retries are attempts at its slot, not new trials
     assert {t.user_attrs["sweeper_slot"] for t in study} == {0}
 

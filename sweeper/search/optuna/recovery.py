@@ -94,7 +94,7 @@ class Recovery:
         tracker = self.ctx.tracker
         return tracker.found_ids([t.user_attrs.get(INFO, {}).get("mlflow_run_id")], self.ctx.sweep.parent_run_id)[0]
 
-    def _enqueue_retry(self, t: Any, **changes: Any) -> None:
+    def _enqueue_retry(self, t: FrozenTrial, **changes: Any) -> None:
         """Queue another attempt at trial ``t``'s slot (as ``study.enqueue_trial`` does): same
         params, seed and batch (and the same train.accumulate, unless ``changes`` sets another),
         and the sampler's attrs (NSGA-II's generation: the retry stands in for the attempt)."""
@@ -111,7 +111,8 @@ class Recovery:
         accumulate = faults.oom_retry(live.config.spec, live.trial.user_attrs.get(ATTEMPT, 1))
         if accumulate is None:
             return f"{reason}; not retried (search.max_retries, or train.accumulate is train.batch_size already)"
-        self._enqueue_retry(live.trial, **{ACCUMULATE: accumulate})
+        # as stored (an optuna.Trial has no system attrs): the sampler's go to the retry
+        self._enqueue_retry(self.study._storage.get_trial(live.trial._trial_id), **{ACCUMULATE: accumulate})
         self.ctx.observer.note(f"trial {live.trial.number} ran out of memory: retried, train.accumulate={accumulate}")
         return f"{reason}; retried with train.accumulate={accumulate}"
 
