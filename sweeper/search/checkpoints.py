@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
@@ -73,6 +74,25 @@ def front(spec: SweepSpec, records: list[TrialRecord]) -> list[TrialRecord]:
     """The completed trials no other one beats on every objective (by number)."""
     complete = sorted((r for r in records if r.state == "complete"), key=lambda r: r.number)
     return pareto_front(spec.goals, complete, lambda r: r.scores(spec))
+
+
+def standing(spec: SweepSpec, records: list[TrialRecord]) -> dict[str, Any]:
+    """What summary.json and the report say of a sweep's trials (so far): the objectives, the
+    count of each state, the best trial (with objectives: the point export.choose picks) and the
+    Pareto front (None with one objective)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    top = best(spec, records)
+    entry = None if top is None else {
+        "number": top.number, "params": top.params, "value": top.value, "values": top.scores(spec), "seed": top.seed,
+        "mlflow_run_id": top.mlflow_run_id, "metrics": top.history[-1] if top.history else {},
+        "footprint": top.footprint}
+    pareto = [{"number": r.number, "values": r.scores(spec), "params": r.params, "mlflow_run_id": r.mlflow_run_id}
+              for r in front(spec, records)] if len(spec.goals) > 1 else None
+    return {"objective": spec.objective.model_dump(), "objectives": [g.model_dump() for g in spec.goals],
+            "pareto_front": pareto, "choose": spec.export.choose.model_dump() if spec.export.choose else None,
+            "counts": counts, "best": entry}
 
 
 def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:

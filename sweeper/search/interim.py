@@ -84,18 +84,6 @@ class InterimReview:
 
 def summary_so_far(spec: SweepSpec, records: list[TrialRecord], parent: str) -> dict[str, Any]:
     """What the report reads, for a sweep still running (no export yet)."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    best = checkpoints.best(spec, records)
-    front = checkpoints.front(spec, records) if len(spec.goals) > 1 else None
-    return {"name": f"{spec.name} (running: {len(records)} trials so far)", "objective": spec.objective.model_dump(),
-            "objectives": [g.model_dump() for g in spec.goals], "counts": counts, "spec": spec.model_dump(mode="json"),
-            "best": None if best is None else {"number": best.number, "params": best.params, "value": best.value,
-                                               "values": best.scores(spec), "seed": best.seed,
-                                               "mlflow_run_id": best.mlflow_run_id,
-                                               "metrics": best.history[-1] if best.history else {}},
-            "pareto_front": None if front is None else [{"number": r.number, "values": r.scores(spec),
-                                                         "params": r.params} for r in front],
-            "choose": spec.export.choose.model_dump() if spec.export.choose else None,
-            "mlflow": {"parent_run_id": parent}, "trials": [r.model_dump(mode="json") for r in records]}
+    return {"name": f"{spec.name} (running: {len(records)} trials so far)", **checkpoints.standing(spec, records),
+            "spec": spec.model_dump(mode="json"), "mlflow": {"parent_run_id": parent},
+            "trials": [r.model_dump(mode="json") for r in records]}

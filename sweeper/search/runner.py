@@ -153,7 +153,7 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
     if role == "worker":
         _send_journals(tracker, out_dir, "end")
         return {"name": spec.name, "role": "worker", "storage": result.storage,
-                "counts": _counts(result.records), "best": None, "trials": []}
+                "counts": checkpoints.standing(spec, result.records)["counts"], "best": None, "trials": []}
     _send_journals(tracker, out_dir, "search")  # runs created offline get their MLflow ids for the summary
     parent = tracker.real_id(parent)
     checkpoints.prune(spec, result.records, out_dir)
@@ -213,13 +213,6 @@ def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:
               f"`sweeper sync {out_dir}` sends them", file=sys.stderr)
 
 
-def _counts(records: list[TrialRecord]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    return counts
-
-
 def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker,
               parent: str | None) -> dict[str, Any]:
     """summary.json: the resolved spec, the best trial (with objectives: the point of the Pareto
@@ -227,20 +220,10 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
     # runs created while MLflow was away: their MLflow ids, once sent
     ids = tracker.found_ids([r.mlflow_run_id for r in result.records], parent)
     records = [r.model_copy(update={"mlflow_run_id": run_id}) for r, run_id in zip(result.records, ids)]
-    counts = _counts(records)
-    best = None
-    top = checkpoints.best(spec, records)
-    if top is not None:
-        best = {"number": top.number, "params": top.params, "value": top.value, "values": top.scores(spec),
-                "seed": top.seed, "mlflow_run_id": top.mlflow_run_id,
-                "metrics": top.history[-1] if top.history else {}, "footprint": top.footprint,
-                "checkpoint": str(trial_path(out_dir, top.number))}
-    front = [{"number": r.number, "values": r.scores(spec), "params": r.params, "mlflow_run_id": r.mlflow_run_id}
-             for r in checkpoints.front(spec, records)] if len(spec.goals) > 1 else None
-    return {"name": spec.name, "out_dir": str(out_dir), "objective": spec.objective.model_dump(),
-            "objectives": [g.model_dump() for g in spec.goals], "pareto_front": front,
-            "choose": spec.export.choose.model_dump() if spec.export.choose else None,
-            "storage": result.storage, "counts": counts, "best": best,
+    standing = checkpoints.standing(spec, records)
+    if standing["best"] is not None:
+        standing["best"]["checkpoint"] = str(trial_path(out_dir, standing["best"]["number"]))
+    return {"name": spec.name, "out_dir": str(out_dir), **standing, "storage": result.storage,
             "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment,
                        "experiment_id": tracker.experiment_id, "parent_run_id": parent},
             "spec": spec.model_dump(mode="json"), "trials": [r.model_dump(mode="json") for r in records]}
