@@ -25,14 +25,19 @@ def main() -> None:
     configure_torch(threads=torch.get_num_threads(), deterministic=False)
     cpu = torch.device("cpu")
     load_data(load(DIGITS), cpu)  # the data set is loaded once per process: not part of a trial
-    for label, extra in (("eager", []), ("compiled, first", ["train.compile=true"]),
-                         ("compiled, second", ["train.compile=true"])):
+    for label, extra in (
+        ("eager", []),
+        ("compiled, first", ["train.compile=true"]),
+        ("compiled, second", ["train.compile=true"]),
+    ):
         spec = load(DIGITS, ["train.epochs=3", "search.space={}", *extra])
         started = time.perf_counter()
         history = run_trial(TrialConfig(0, 1, {}, spec), lambda epoch, metrics: None, cpu).history
         epochs = [round(h["epoch_seconds"], 2) for h in history]
-        print(f"{label}: {time.perf_counter() - started:.1f} s for 3 epochs (epoch seconds {epochs}), "
-              f"val_acc {history[-1]['val_acc']:.4f}")
+        print(
+            f"{label}: {time.perf_counter() - started:.1f} s for 3 epochs (epoch seconds {epochs}), "
+            f"val_acc {history[-1]['val_acc']:.4f}"
+        )
 
 
 if __name__ == "__main__":

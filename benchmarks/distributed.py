@@ -38,8 +38,9 @@ def database(server: str, create: bool, name: str) -> str:
     from sqlalchemy.engine import make_url
 
     url = make_url(server)
-    with psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                         dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, password=url.password, dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f'CREATE DATABASE "{name}"' if create else f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return url.set(database=name).render_as_string(hide_password=False)
 
@@ -48,13 +49,29 @@ def sweep(folder: Path, workers: int, trials: int, epochs: int, storage: str | N
     """Run ``workers`` worker processes on one study; returns throughput and orchestration."""
     import optuna
 
-    overrides = [f"search.n_trials={trials}", "search.pruner.type=none", f"train.epochs={epochs}", "train.cpu_threads=1",
-                 "search.parallel=1", "search.batch_size=4", "export.formats=[]", f"tracking.mlflow_uri={mlflow}",
-                 *([f"search.storage={storage}"] if storage else []), *extra]
+    overrides = [
+        f"search.n_trials={trials}",
+        "search.pruner.type=none",
+        f"train.epochs={epochs}",
+        "train.cpu_threads=1",
+        "search.parallel=1",
+        "search.batch_size=4",
+        "export.formats=[]",
+        f"tracking.mlflow_uri={mlflow}",
+        *([f"search.storage={storage}"] if storage else []),
+        *extra,
+    ]
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "sweeper", "worker", str(SPEC), *overrides, "--out", "out", "-q"],
-                              cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sweeper", "worker", str(SPEC), *overrides, "--out", "out", "-q"],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
     for p in procs:
         out, _ = p.communicate()
         if p.returncode != 0:
@@ -65,8 +82,13 @@ def sweep(folder: Path, workers: int, trials: int, epochs: int, storage: str | N
     assert len(done) == trials, f"{len(done)} trials, expected {trials}"
     span = (max(t.datetime_complete for t in done) - min(t.datetime_start for t in done)).total_seconds()
     inside = sum(t.user_attrs["sweeper"]["seconds"] for t in done)
-    return {"wall": wall, "span": span, "per_min": trials / span * 60,
-            "orchestration_ms": (span * workers - inside) / trials * 1000, "inside": inside}
+    return {
+        "wall": wall,
+        "span": span,
+        "per_min": trials / span * 60,
+        "orchestration_ms": (span * workers - inside) / trials * 1000,
+        "inside": inside,
+    }
 
 
 def main() -> None:
@@ -77,9 +99,13 @@ def main() -> None:
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:8]
     rows = {}
-    runs = {"pg x1": (1, True, ()), "pg x2": (2, True, ()), "sqlite x1": (1, False, ()),
-            "pg x2 (batch_size 8)": (2, True, ("search.batch_size=8",)),
-            "pg x2 (reproducible: false)": (2, True, ("search.reproducible=false",))}
+    runs = {
+        "pg x1": (1, True, ()),
+        "pg x2": (2, True, ()),
+        "sqlite x1": (1, False, ()),
+        "pg x2 (batch_size 8)": (2, True, ("search.batch_size=8",)),
+        "pg x2 (reproducible: false)": (2, True, ("search.reproducible=false",)),
+    }
     for label, (workers, on_pg, extra) in runs.items():
         names = [f"bench_{tag}_{len(rows)}_{kind}" for kind in ("optuna", "mlflow")]
         with tempfile.TemporaryDirectory() as tmp:
@@ -94,17 +120,26 @@ def main() -> None:
                     for n in names:
                         database(args.pg, False, n)
         r = rows[label]
-        print(f"{label:>28}: {r['per_min']:5.1f} trials/min (trials span {r['span']:.1f} s, inside trials "
-              f"{r['inside']:.1f} s, process wall {r['wall']:.1f} s); outside trials "
-              f"{r['orchestration_ms']:.0f} ms/trial", flush=True)
+        print(
+            f"{label:>28}: {r['per_min']:5.1f} trials/min (trials span {r['span']:.1f} s, inside trials "
+            f"{r['inside']:.1f} s, process wall {r['wall']:.1f} s); outside trials "
+            f"{r['orchestration_ms']:.0f} ms/trial",
+            flush=True,
+        )
     one, two = rows["pg x1"], rows["pg x2"]
     print(f"\nthroughput, 2 workers / 1 worker on PostgreSQL: {two['per_min'] / one['per_min']:.2f}x (goal >= 1.7x)")
-    print(f"  batches of 8 (less waiting at each batch's end): "
-          f"{rows['pg x2 (batch_size 8)']['per_min'] / one['per_min']:.2f}x")
-    print(f"  without batches (reproducible: false): "
-          f"{rows['pg x2 (reproducible: false)']['per_min'] / one['per_min']:.2f}x")
-    print(f"orchestration per trial, one worker: PostgreSQL {one['orchestration_ms']:.0f} ms, sqlite "
-          f"{rows['sqlite x1']['orchestration_ms']:.0f} ms (goal <= 50 ms)")
+    print(
+        f"  batches of 8 (less waiting at each batch's end): "
+        f"{rows['pg x2 (batch_size 8)']['per_min'] / one['per_min']:.2f}x"
+    )
+    print(
+        f"  without batches (reproducible: false): "
+        f"{rows['pg x2 (reproducible: false)']['per_min'] / one['per_min']:.2f}x"
+    )
+    print(
+        f"orchestration per trial, one worker: PostgreSQL {one['orchestration_ms']:.0f} ms, sqlite "
+        f"{rows['sqlite x1']['orchestration_ms']:.0f} ms (goal <= 50 ms)"
+    )
 
 
 if __name__ == "__main__":

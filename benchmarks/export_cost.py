@@ -36,8 +36,10 @@ def main() -> None:
     data = synthetic(num_train=2, num_val=args.val, input_shape=(3, 32, 32), num_classes=10)
     model = resnet18(input_shape=(3, 32, 32), num_classes=10, width=args.width).eval()
     params = sum(p.numel() for p in model.parameters())
-    print(f"resnet18 width {args.width}: {params / 1e6:.1f} M params, {args.val} validation rows, "
-          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    print(
+        f"resnet18 width {args.width}: {params / 1e6:.1f} M params, {args.val} validation rows, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         verify.Reference.compute(model, data.inputs(data.val_x), data.val_y, Path(tmp))
@@ -50,8 +52,10 @@ def main() -> None:
         if "error" in e:
             print(f"{e['format']:<12} failed: {e['error']}")
             continue
-        print(f"{e['format']:<12} {e['export_s']:>9.2f} {e['check_s']:>8.2f} {e['reload_s']:>9.2f} "
-              f"{e['bytes'] / 2**20:>7.1f} {e['max_abs_diff']:>11.2g}")
+        print(
+            f"{e['format']:<12} {e['export_s']:>9.2f} {e['check_s']:>8.2f} {e['reload_s']:>9.2f} "
+            f"{e['bytes'] / 2**20:>7.1f} {e['max_abs_diff']:>11.2g}"
+        )
     print(f"total (reference + every export and check): {total:.1f} s")
 
 

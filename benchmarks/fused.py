@@ -1,6 +1,7 @@
 """Fused trials vs solo trials: the digits CNN, the same N trials (each its own seed and learning
 rate) trained one after another, then as one fused model (layered, and with vmap: see
-sweeper/trial/fused_forward.py); trials per hour and the ratios, side by side in one run. Training only (sweeper/trial/fused.py's engine), in this process: the sweep's
+sweeper/trial/fused_forward.py); trials per hour and the ratios, side by side in one run.
+Training only (sweeper/trial/fused.py's engine), in this process: the sweep's
 orchestration around it is benchmarks/overhead.py's subject.
 
     python benchmarks/fused.py              # N = 1, 8, 32, 64, 3 epochs each
@@ -46,23 +47,30 @@ def main() -> None:
     run_trial(warm[0], lambda epoch, metrics: None, cpu)
     fit_fused(warm, cpu, lambda k, epoch, metrics: None)
     print(f"digits CNN, {args.epochs} epochs a trial, {torch.get_num_threads()} threads")
-    print(f"{'N':>4} {'solo s':>8} {'fused s':>8} {'vmap s':>8} {'solo trials/h':>14} {'fused trials/h':>15} "
-          f"{'ratio':>6} {'vmap ratio':>10}  best val_acc solo / fused")
+    print(
+        f"{'N':>4} {'solo s':>8} {'fused s':>8} {'vmap s':>8} {'solo trials/h':>14} {'fused trials/h':>15} "
+        f"{'ratio':>6} {'vmap ratio':>10}  best val_acc solo / fused"
+    )
     for n in args.sizes:
         trials = configs(n, args.epochs)
         started = time.perf_counter()
         solo = [run_trial(c, lambda epoch, metrics: None, cpu).history[-1]["val_acc"] for c in trials]
         solo_s = time.perf_counter() - started
         started = time.perf_counter()
-        fused = [m.history[-1]["val_acc"] if m.history else math.nan
-                 for m in fit_fused(trials, cpu, lambda k, epoch, metrics: None)]
+        fused = [
+            m.history[-1]["val_acc"] if m.history else math.nan
+            for m in fit_fused(trials, cpu, lambda k, epoch, metrics: None)
+        ]
         fused_s = time.perf_counter() - started
         started = time.perf_counter()
         fit_fused(trials, cpu, lambda k, epoch, metrics: None, layered=False)
         vmap_s = time.perf_counter() - started
-        print(f"{n:>4} {solo_s:>8.1f} {fused_s:>8.1f} {vmap_s:>8.1f} {n * 3600 / solo_s:>14,.0f} "
-              f"{n * 3600 / fused_s:>15,.0f} {solo_s / fused_s:>6.2f} {solo_s / vmap_s:>10.2f}  "
-              f"{max(solo):.4f} / {max(fused):.4f}", flush=True)
+        print(
+            f"{n:>4} {solo_s:>8.1f} {fused_s:>8.1f} {vmap_s:>8.1f} {n * 3600 / solo_s:>14,.0f} "
+            f"{n * 3600 / fused_s:>15,.0f} {solo_s / fused_s:>6.2f} {solo_s / vmap_s:>10.2f}  "
+            f"{max(solo):.4f} / {max(fused):.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO / "search_spaces" / "cifar.yaml"
@@ -50,12 +51,20 @@ def cli(folder: Path, *args: str, env: dict[str, str] | None = None, spec: Path 
     and the GPU's mean utilisation meanwhile (nvidia-smi sampled every 200 ms, if present)."""
     sampler = None
     if shutil.which("nvidia-smi"):
-        sampler = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                    "-i", "0", "-lms", "200"], stdout=subprocess.PIPE, text=True)
+        sampler = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0", "-lms", "200"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     started = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"],
-                              cwd=folder, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            [sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
     finally:
         wall = time.perf_counter() - started
         samples = []
@@ -71,25 +80,49 @@ def cli(folder: Path, *args: str, env: dict[str, str] | None = None, spec: Path 
 
 
 def trials(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"number": t["number"], "state": t["state"], "device": t["device"],
-             "samples_per_s": [round(h.get("samples_per_s", 0)) for h in t["history"]],
-             "gpu_mem_peak_mb": max((h.get("gpu_mem_peak_mb", 0) for h in t["history"]), default=None)}
-            for t in summary["trials"]]
+    return [
+        {
+            "number": t["number"],
+            "state": t["state"],
+            "device": t["device"],
+            "samples_per_s": [round(h.get("samples_per_s", 0)) for h in t["history"]],
+            "gpu_mem_peak_mb": max((h.get("gpu_mem_peak_mb", 0) for h in t["history"]), default=None),
+        }
+        for t in summary["trials"]
+    ]
 
 
 def timing(summary: dict[str, Any]) -> dict[str, Any]:
     """How much of the sweep's wall time trained: nvidia-smi's mean utilisation (the goal: >= 90%),
     and the trials' epoch seconds over the wall time (start-up, dry build, export included)."""
     trained = sum(h.get("epoch_seconds", 0) for t in summary["trials"] for h in t["history"])
-    return {"wall_s": round(summary["wall_s"], 1), "gpu_busy_pct": summary["gpu_busy_pct"],
-            "training_fraction": round(trained / summary["wall_s"], 3)}
+    return {
+        "wall_s": round(summary["wall_s"], 1),
+        "gpu_busy_pct": summary["gpu_busy_pct"],
+        "training_fraction": round(trained / summary["wall_s"], 3),
+    }
 
 
 def sweep_args(root: Path, small: bool) -> list[str]:
-    size = ["dataset.args.limit=2000", "model.args.width=8", "search.space.train.batch_size={type: categorical, "
-            "choices: [64, 128]}"] if small else []
-    return [f"dataset.args.root={root}", "dataset.args.download=false", "search.n_trials=2", "train.epochs=2",
-            "search.lr_finder.enabled=false", "search.pruner.type=none", "export.formats=[torchscript,onnx]", *size]
+    size = (
+        [
+            "dataset.args.limit=2000",
+            "model.args.width=8",
+            "search.space.train.batch_size={type: categorical, choices: [64, 128]}",
+        ]
+        if small
+        else []
+    )
+    return [
+        f"dataset.args.root={root}",
+        "dataset.args.download=false",
+        "search.n_trials=2",
+        "train.epochs=2",
+        "search.lr_finder.enabled=false",
+        "search.pruner.type=none",
+        "export.formats=[torchscript,onnx]",
+        *size,
+    ]
 
 
 def check_sweep(root: Path, work: Path, small: bool) -> dict[str, Any]:
@@ -97,14 +130,17 @@ def check_sweep(root: Path, work: Path, small: bool) -> dict[str, Any]:
     folder = work / "sweep"
     folder.mkdir(exist_ok=True)
     summary = cli(folder, *sweep_args(root, small), env={"MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db"})
-    exported = {f["format"]: f.get("max_abs_diff", f.get("error")) for f in summary.get("export", {}).get("formats", [])}
+    exported = {
+        f["format"]: f.get("max_abs_diff", f.get("error")) for f in summary.get("export", {}).get("formats", [])
+    }
     return {"trials": trials(summary), "export_max_abs_diff": exported, **timing(summary)}
 
 
 def check_two_workers(root: Path, small: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.parallel=2",
-                      "search.batch_size=2")
+        summary = cli(
+            Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.parallel=2", "search.batch_size=2"
+        )
         return {"trials": trials(summary), **timing(summary)}
 
 
@@ -112,15 +148,26 @@ def check_deterministic(root: Path, small: bool) -> dict[str, Any]:
     histories = []
     for _ in range(2):
         with tempfile.TemporaryDirectory() as tmp:
-            summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.n_trials=1",
-                          "train.deterministic=true", "export.formats=[]")
-            histories.append([{k: v for k, v in h.items() if k not in ("epoch_seconds", "samples_per_s")}
-                              for h in summary["trials"][0]["history"]])
+            summary = cli(
+                Path(tmp),
+                *sweep_args(root, small),
+                "tracking.enabled=false",
+                "search.n_trials=1",
+                "train.deterministic=true",
+                "export.formats=[]",
+            )
+            histories.append(
+                [
+                    {k: v for k, v in h.items() if k not in ("epoch_seconds", "samples_per_s")}
+                    for h in summary["trials"][0]["history"]
+                ]
+            )
     return {"bitwise_equal": histories[0] == histories[1], "history": histories[0]}
 
 
-def resnet_step(device: str, batch: int, small: bool, channels_last: bool, fused: bool,
-                compile_model: bool) -> tuple[Callable[[], None], Any]:
+def resnet_step(
+    device: str, batch: int, small: bool, channels_last: bool, fused: bool, compile_model: bool
+) -> tuple[Callable[[], None], Any]:
     """One bf16 training step of ResNet-18 on a CIFAR-shaped batch, as a closure; its optimizer."""
     import torch
 
@@ -145,6 +192,7 @@ def bf16_step(run: Any, opt: Any, x: Any, y: Any, device: str) -> Callable[[], N
             loss = torch.nn.functional.cross_entropy(run(x), y)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -166,15 +214,20 @@ def check_throughput(device: str, small: bool) -> dict[str, Any]:
     batches, steps = ([8], 1) if small else ([256, 512, 1024], 30)
     out: dict[str, Any] = {}
     for batch in batches:
-        for name, kw in {"nchw_foreach": {}, "channels_last": {"channels_last": True}, "fused": {"fused": True},
-                         "channels_last_fused": {"channels_last": True, "fused": True},
-                         "channels_last_fused_compiled": {"channels_last": True, "fused": True, "compile_model": True}
-                         }.items():
+        for name, kw in {
+            "nchw_foreach": {},
+            "channels_last": {"channels_last": True},
+            "fused": {"fused": True},
+            "channels_last_fused": {"channels_last": True, "fused": True},
+            "channels_last_fused_compiled": {"channels_last": True, "fused": True, "compile_model": True},
+        }.items():
             if small and name.endswith("compiled"):
                 continue  # compilation alone takes minutes on a CPU
             args = {"channels_last": False, "fused": False, "compile_model": False, **kw}
             try:
-                out[f"{name}@{batch}"] = images_per_s(resnet_step(device, batch, small, **args)[0], batch, device, steps)
+                out[f"{name}@{batch}"] = images_per_s(
+                    resnet_step(device, batch, small, **args)[0], batch, device, steps
+                )
             except Exception as exc:  # e.g. fused AdamW on a device without it
                 out[f"{name}@{batch}"] = f"{type(exc).__name__}: {exc}"[:300]
     return out
@@ -192,8 +245,16 @@ def check_sync_audit(root: Path, device: str, small: bool) -> dict[str, Any]:
     # on the CPU (--cpu) the same loop runs with nothing to audit: this code is tested before a GPU run
     debug_mode = torch.cuda.set_sync_debug_mode if cuda else (lambda mode: None)
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
-    spec = load(CIFAR, [f"dataset.args.root={root}", "dataset.args.download=false", "train.epochs=1",
-                        "train.batch_size=512", *(["model.args.width=8"] if small else [])])
+    spec = load(
+        CIFAR,
+        [
+            f"dataset.args.root={root}",
+            "dataset.args.download=false",
+            "train.epochs=1",
+            "train.batch_size=512",
+            *(["model.args.width=8"] if small else []),
+        ],
+    )
     marks: dict[str, int] = {}
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
@@ -211,10 +272,14 @@ def check_sync_audit(root: Path, device: str, small: bool) -> dict[str, Any]:
             trained = run_trial(TrialConfig(0, 1, {}, spec), stop, torch.device(device), before_fit=start)
         finally:
             debug_mode(0)
-    audited = records[marks["from"]:marks["to"]]
+    audited = records[marks["from"] : marks["to"]]
     where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in audited)
-    return {"device": str(trained.data.train_x.device), "syncs_in_one_epoch": len(audited),
-            "samples_per_s": round(trained.history[-1]["samples_per_s"]), "where": dict(where.most_common(8))}
+    return {
+        "device": str(trained.data.train_x.device),
+        "syncs_in_one_epoch": len(audited),
+        "samples_per_s": round(trained.history[-1]["samples_per_s"]),
+        "where": dict(where.most_common(8)),
+    }
 
 
 def check_compile(device: str, small: bool) -> dict[str, Any]:
@@ -231,12 +296,19 @@ def check_compile(device: str, small: bool) -> dict[str, Any]:
     batch, steps = (8, 1) if small else (512, 30)
     out: dict[str, Any] = {"backend": speed.COMPILE_BACKEND}
     for kind in ("eager", "compiled"):
-        built = (cnn(input_shape=(3, 32, 32), num_classes=10, channels=4, blocks=1) if small
-                 else resnet18(input_shape=(3, 32, 32), num_classes=10, width=64))
+        built = (
+            cnn(input_shape=(3, 32, 32), num_classes=10, channels=4, blocks=1)
+            if small
+            else resnet18(input_shape=(3, 32, 32), num_classes=10, width=64)
+        )
         model = speed.to_memory_format(built.to(device), torch.device(device))
         net = speed.compile_model(model) if kind == "compiled" else model
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **speed.optimizer_args(torch.optim.AdamW, {}, torch.device(device)))
-        x = speed.as_input(torch.randn(batch, 3, 32, 32, device=device), speed.channels_last(model, torch.device(device)))
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=1e-3, **speed.optimizer_args(torch.optim.AdamW, {}, torch.device(device))
+        )
+        x = speed.as_input(
+            torch.randn(batch, 3, 32, 32, device=device), speed.channels_last(model, torch.device(device))
+        )
         step = bf16_step(net, opt, x, torch.randint(0, 10, (batch,), device=device), device)
         started = time.perf_counter()
         step()
@@ -246,7 +318,9 @@ def check_compile(device: str, small: bool) -> dict[str, Any]:
         out[f"{kind}_images_per_s"] = images_per_s(step, batch, device, steps)
     pruned_trial_s = 2 * 45_000 / out["eager_images_per_s"]
     out["pruned_trial_s_eager"] = round(pruned_trial_s, 1)
-    out["compile_s_vs_pruned_trial"] = round((out["compiled_first_step_s"] - out["eager_first_step_s"]) / pruned_trial_s, 4)
+    out["compile_s_vs_pruned_trial"] = round(
+        (out["compiled_first_step_s"] - out["eager_first_step_s"]) / pruned_trial_s, 4
+    )
     return out
 
 
@@ -261,7 +335,9 @@ def check_resumed_adamw(device: str, small: bool) -> dict[str, Any]:
         if kind == "resumed":
             with tempfile.TemporaryDirectory() as tmp:
                 path = checkpoint.save(Path(tmp) / "state.pt", {"optimizer": opt.state_dict()})
-                opt.load_state_dict(checkpoint.load(path)["optimizer"])  # onto the CPU, then where the optimizer wants it
+                opt.load_state_dict(
+                    checkpoint.load(path)["optimizer"]
+                )  # onto the CPU, then where the optimizer wants it
             times["step_counter_device"] = str(next(iter(opt.state.values()))["step"].device)
         times[f"{kind}_images_per_s"] = images_per_s(step, 32 if small else 512, device, 2 if small else 30)
     return times
@@ -274,9 +350,23 @@ def check_export_on_cpu(root: Path, work: Path, small: bool) -> dict[str, Any]:
         check_sweep(root, work, small)
     summary = json.loads((work / "sweep" / "out" / "summary.json").read_text())
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-m", "sweeper", "export", summary["best"]["mlflow_run_id"],
-                           "--formats", "onnx", "--out", str(work / "export")], cwd=work, capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeper",
+            "export",
+            summary["best"]["mlflow_run_id"],
+            "--formats",
+            "onnx",
+            "--out",
+            str(work / "export"),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     best = next(t for t in summary["trials"] if t["number"] == summary["best"]["number"])
     return {"exit": proc.returncode, "trained_on": best["device"], "stderr": proc.stderr[-500:]}
 
@@ -285,9 +375,16 @@ def check_ray_fraction(root: Path, small: bool) -> dict[str, Any]:
     # without a GPU a trial reserving half of one would wait forever: the CPU smoke test reserves none
     gpu = "0" if small else "0.5"
     with tempfile.TemporaryDirectory() as tmp:
-        summary = cli(Path(tmp), *sweep_args(root, small), "tracking.enabled=false", "search.backend=ray",
-                      "search.pruner.type=asha", f"search.resources.gpu={gpu}", "search.resources.cpu=2",
-                      "export.formats=[]")
+        summary = cli(
+            Path(tmp),
+            *sweep_args(root, small),
+            "tracking.enabled=false",
+            "search.backend=ray",
+            "search.pruner.type=asha",
+            f"search.resources.gpu={gpu}",
+            "search.resources.cpu=2",
+            "export.formats=[]",
+        )
         return {"trials": trials(summary)}
 
 
@@ -303,42 +400,72 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     digits = REPO / "search_spaces" / "digits.yaml"
     # MLflow on (sqlite in the sweep's folder): each trial's nested run and per-epoch metrics are part
     # of the end-to-end cost
-    common = ["search.sampler=random", "search.pruner.type=none", "search.lr_finder.enabled=false",
-              "export.formats=[]", "search.parallel=1", "train.epochs=3",
-              f"train.device={'cpu' if small else 'auto'}"]
+    common = [
+        "search.sampler=random",
+        "search.pruner.type=none",
+        "search.lr_finder.enabled=false",
+        "export.formats=[]",
+        "search.parallel=1",
+        "train.epochs=3",
+        f"train.device={'cpu' if small else 'auto'}",
+    ]
     out: dict[str, Any] = {}
     walls = {}
     # solo at two sizes: its fixed cost and the cost of one more trial, for the same N as fused
     # (on the GPU, 1024 solo trials would take most of an hour)
     for solo_n in (8, 16) if small else (8, 32):
         with tempfile.TemporaryDirectory() as tmp:
-            walls[solo_n] = cli(Path(tmp), *common, f"search.n_trials={solo_n}", f"search.batch_size={solo_n}",
-                                "search.fuse=off", spec=digits)["wall_s"]
+            walls[solo_n] = cli(
+                Path(tmp),
+                *common,
+                f"search.n_trials={solo_n}",
+                f"search.batch_size={solo_n}",
+                "search.fuse=off",
+                spec=digits,
+            )["wall_s"]
     (a, wall_a), (b, wall_b) = sorted(walls.items())
     per_trial = (wall_b - wall_a) / (b - a)
     fixed = wall_a - a * per_trial
-    out["digits_solo"] = {"wall_s": {str(k): round(v, 1) for k, v in walls.items()}, "fixed_s": round(fixed, 1),
-                          "per_trial_s": round(per_trial, 3)}
+    out["digits_solo"] = {
+        "wall_s": {str(k): round(v, 1) for k, v in walls.items()},
+        "fixed_s": round(fixed, 1),
+        "per_trial_s": round(per_trial, 3),
+    }
     for n in (8, 16) if small else (256, 1024):
         with tempfile.TemporaryDirectory() as tmp:
-            fused = cli(Path(tmp), *common, f"search.n_trials={n}", f"search.batch_size={n}", f"search.fuse={n}",
-                        spec=digits)
+            fused = cli(
+                Path(tmp), *common, f"search.n_trials={n}", f"search.batch_size={n}", f"search.fuse={n}", spec=digits
+            )
         rate = n * 3600 / fused["wall_s"]
         solo_rate = n * 3600 / (fixed + n * per_trial)  # the same N trials solo, from the two solo sweeps
         out[f"digits_fused_{n}"] = {
-            "wall_s": round(fused["wall_s"], 1), "trials_per_hour": round(rate),
-            "solo_trials_per_hour": round(solo_rate), "ratio_to_solo": round(rate / solo_rate, 2),
-            "gpu_busy_pct": fused["gpu_busy_pct"], "counts": fused["counts"],
+            "wall_s": round(fused["wall_s"], 1),
+            "trials_per_hour": round(rate),
+            "solo_trials_per_hour": round(solo_rate),
+            "ratio_to_solo": round(rate / solo_rate, 2),
+            "gpu_busy_pct": fused["gpu_busy_pct"],
+            "counts": fused["counts"],
             "fused_models": len({tuple(t["fused_with"]) for t in fused["trials"] if t["fused_with"]}),
-            "best_val_acc": max((t["value"] or 0) for t in fused["trials"])}
+            "best_val_acc": max((t["value"] or 0) for t in fused["trials"]),
+        }
     # the airbench-sized net: the engine alone, one epoch of CIFAR-shaped data per trial
     limit, channels, blocks, n, batch = (400, 4, 1, 4, 64) if small else (10_000, 64, 3, 8, 512)
     configs = []
     for number in range(n):
-        spec = load(CIFAR, [f"dataset.args.root={root}", "dataset.args.download=false", f"dataset.args.limit={limit}",
-                            f"model={{plugin: cnn, args: {{channels: {channels}, blocks: {blocks}}}}}",
-                            "train.epochs=1", f"train.batch_size={batch}", "search.space={}", f"train.device={device.split(':')[0]}",
-                            f"optimizer.args.lr={0.02 * (number + 1)}"])
+        spec = load(
+            CIFAR,
+            [
+                f"dataset.args.root={root}",
+                "dataset.args.download=false",
+                f"dataset.args.limit={limit}",
+                f"model={{plugin: cnn, args: {{channels: {channels}, blocks: {blocks}}}}}",
+                "train.epochs=1",
+                f"train.batch_size={batch}",
+                "search.space={}",
+                f"train.device={device.split(':')[0]}",
+                f"optimizer.args.lr={0.02 * (number + 1)}",
+            ],
+        )
         configs.append(TrialConfig(number, 1000 + number, {}, spec))
     dev = torch.device(device)
     load_data(configs[0].spec, dev)
@@ -346,7 +473,13 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     started = time.perf_counter()
     _ = [run_trial(config, lambda epoch, metrics: None, dev) for config in configs]
     solo_s = time.perf_counter() - started
-    out["airbench_sized"] = {"members": n, "channels": channels, "blocks": blocks, "train_images": limit, "solo_s": round(solo_s, 1)}
+    out["airbench_sized"] = {
+        "members": n,
+        "channels": channels,
+        "blocks": blocks,
+        "train_images": limit,
+        "solo_s": round(solo_s, 1),
+    }
     for layered in (True, False):  # the layered form (grouped kernels) and vmap: which is faster here?
         started = time.perf_counter()
         engine = fit_fused(configs, dev, lambda k, epoch, metrics: None, layered=layered)[0].engine
@@ -362,26 +495,39 @@ def main() -> None:
     from sweeper_plugins.cifar import write_random
 
     device = "cpu" if small or not torch.cuda.is_available() else "cuda:0"
-    report: dict[str, Any] = {"device": {
-        "torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
-        **({"name": torch.cuda.get_device_name(0), "memory_gib": round(torch.cuda.get_device_properties(0).total_memory
-            / 2**30, 1), "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False)}
-           if torch.cuda.is_available() else {})}}
+    report: dict[str, Any] = {
+        "device": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "available": torch.cuda.is_available(),
+            **(
+                {
+                    "name": torch.cuda.get_device_name(0),
+                    "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+                    "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False),
+                }
+                if torch.cuda.is_available()
+                else {}
+            ),
+        }
+    }
     saved = Path(os.environ.get("GPU_CHECK_OUT", "gpu_check.json"))
     with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
         write_random(data, per_batch=400 if small else 10_000)  # full size: 50,000 training images
         report["data_seconds"] = round(time.perf_counter() - started, 1)
-        checks = {"sweep": lambda: check_sweep(Path(data), Path(work), small),
-                  "two_workers": lambda: check_two_workers(Path(data), small),
-                  "deterministic": lambda: check_deterministic(Path(data), small),
-                  "sync_audit": lambda: check_sync_audit(Path(data), device, small),
-                  "throughput": lambda: check_throughput(device, small),
-                  "compile": lambda: check_compile(device, small),
-                  "resumed_adamw": lambda: check_resumed_adamw(device, small),
-                  "export_on_cpu": lambda: check_export_on_cpu(Path(data), Path(work), small),
-                  "ray_fraction": lambda: check_ray_fraction(Path(data), small),
-                  "fused": lambda: check_fused(Path(data), device, small)}
+        checks = {
+            "sweep": lambda: check_sweep(Path(data), Path(work), small),
+            "two_workers": lambda: check_two_workers(Path(data), small),
+            "deterministic": lambda: check_deterministic(Path(data), small),
+            "sync_audit": lambda: check_sync_audit(Path(data), device, small),
+            "throughput": lambda: check_throughput(device, small),
+            "compile": lambda: check_compile(device, small),
+            "resumed_adamw": lambda: check_resumed_adamw(device, small),
+            "export_on_cpu": lambda: check_export_on_cpu(Path(data), Path(work), small),
+            "ray_fraction": lambda: check_ray_fraction(Path(data), small),
+            "fused": lambda: check_fused(Path(data), device, small),
+        }
         for name, check in checks.items():
             if len(sys.argv) > 1 and sys.argv[-1] not in ("--cpu", name):
                 continue  # `gpu_check.py throughput`: one check only

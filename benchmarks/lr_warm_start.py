@@ -28,14 +28,20 @@ from sweeper.trial.batching import steps_per_epoch
 from sweeper.trial.build import load_data
 
 SPEC = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"
-WIDE = ["search.space.optimizer.args.lr={type: float, low: 1.0e-5, high: 1.0, log: true}",
-        "search.parallel=1", "train.cpu_threads=2", "tracking.enabled=false", "export.formats=[]"]
+WIDE = [
+    "search.space.optimizer.args.lr={type: float, low: 1.0e-5, high: 1.0, log: true}",
+    "search.parallel=1",
+    "train.cpu_threads=2",
+    "tracking.enabled=false",
+    "export.formats=[]",
+]
 HOPELESS = 0.9  # a trial whose best epoch stays below this val_acc was spent on a useless LR
 
 
 def sweep(seed: int, trials: int, warm: bool) -> dict:
-    spec = spec_mod.load(SPEC, [*WIDE, f"seed={seed}", f"search.n_trials={trials}",
-                                f"search.lr_finder.enabled={str(warm).lower()}"])
+    spec = spec_mod.load(
+        SPEC, [*WIDE, f"seed={seed}", f"search.n_trials={trials}", f"search.lr_finder.enabled={str(warm).lower()}"]
+    )
     with tempfile.TemporaryDirectory() as out:
         return runner.run_sweep(spec, Path(out), QuietObserver())
 
@@ -74,15 +80,20 @@ def main() -> None:
     base = spec_mod.load(SPEC, WIDE)
     epoch_steps = steps_per_epoch(load_data(base, torch.device("cpu"))[0], base.train.batch_size)
     targets = "".join(f" {f'trials→{t}':>11} {f'epochs→{t}':>11} {f's→{t}':>8}" for t in args.targets)
-    print(f"{'seed':>4} {'warm':>5} {'best':>7}{targets} {'hopeless':>8} {'epochs':>6} {'total s':>7} "
-          f"{'finder s':>8} suggestion")
+    print(
+        f"{'seed':>4} {'warm':>5} {'best':>7}{targets} {'hopeless':>8} {'epochs':>6} {'total s':>7} "
+        f"{'finder s':>8} suggestion"
+    )
     rows: dict[bool, list[dict]] = {False: [], True: []}
     for i, seed in enumerate(args.seeds):
-        for warm in ((False, True) if i % 2 == 0 else (True, False)):  # alternate which runs first
+        for warm in (False, True) if i % 2 == 0 else (True, False):  # alternate which runs first
             summary = sweep(seed, args.trials, warm)
-            row = {"best": summary["best"]["value"] if summary["best"] else 0.0, "hopeless": hopeless(summary),
-                   "total epochs": finder_epochs(summary, epoch_steps) + sum(t["epochs"] for t in summary["trials"]),
-                   "total s": finder_seconds(summary) + sum(t["seconds"] or 0.0 for t in summary["trials"])}
+            row = {
+                "best": summary["best"]["value"] if summary["best"] else 0.0,
+                "hopeless": hopeless(summary),
+                "total epochs": finder_epochs(summary, epoch_steps) + sum(t["epochs"] for t in summary["trials"]),
+                "total s": finder_seconds(summary) + sum(t["seconds"] or 0.0 for t in summary["trials"]),
+            }
             cells = ""
             for target in args.targets:
                 n, e, s = reached(summary, target, args.trials, epoch_steps)
@@ -90,8 +101,12 @@ def main() -> None:
                 cells += f" {n if n <= args.trials else '-':>11} {e:11.1f} {s:8.1f}"
             rows[warm].append(row)
             found = [f["suggestion"] for f in summary.get("lr_finder", {}).get("findings", [])]
-            print(f"{seed:>4} {str(warm):>5} {row['best']:7.4f}{cells} {row['hopeless']:>8} {row['total epochs']:6.1f} {row['total s']:7.1f} "
-                  f"{finder_seconds(summary):8.1f} {', '.join(f'{s:.3g}' for s in found if s)}", flush=True)
+            print(
+                f"{seed:>4} {str(warm):>5} {row['best']:7.4f}{cells} {row['hopeless']:>8} "
+                f"{row['total epochs']:6.1f} {row['total s']:7.1f} "
+                f"{finder_seconds(summary):8.1f} {', '.join(f'{s:.3g}' for s in found if s)}",
+                flush=True,
+            )
     print(f"\nmeans over {len(args.seeds)} seeds, {args.trials} trials each (lower is better except best):")
     for key in rows[False][0]:
         without = statistics.mean(r[key] for r in rows[False])

@@ -33,6 +33,7 @@ def timed(stats: dict, key: str, method):
         finally:
             stats[key][0] += 1
             stats[key][1] += time.perf_counter() - started
+
     return wrapper
 
 
@@ -53,9 +54,19 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="sweeper-orchestration-")
     os.chdir(folder)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder}/mlflow.db"
-    sys.argv = ["sweeper", "run", str(REPO / "search_spaces" / "smoke.yaml"), f"search.n_trials={args.trials}",
-                f"train.epochs={args.epochs}", "search.parallel=1", "train.cpu_threads=1", "export.formats=[]",
-                "--out", "out", "-q"]
+    sys.argv = [
+        "sweeper",
+        "run",
+        str(REPO / "search_spaces" / "smoke.yaml"),
+        f"search.n_trials={args.trials}",
+        f"train.epochs={args.epochs}",
+        "search.parallel=1",
+        "train.cpu_threads=1",
+        "export.formats=[]",
+        "--out",
+        "out",
+        "-q",
+    ]
     try:
         app()
     except SystemExit as stop:

@@ -72,7 +72,7 @@ def baseline(plan_path: str) -> None:
                 model.train()
                 perm = train[torch.randperm(len(train))]
                 for i in range(steps):
-                    idx = perm[i * 64:(i + 1) * 64]
+                    idx = perm[i * 64 : (i + 1) * 64]
                     opt.zero_grad(set_to_none=True)
                     loss = loss_fn(model(x[idx]), y[idx])
                     loss.backward()
@@ -89,8 +89,11 @@ def baseline(plan_path: str) -> None:
             raise optuna.TrialPruned()
         return acc
 
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0),
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3))
+    study = optuna.create_study(
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=0),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=3),
+    )
     for t in plan:
         study.enqueue_trial(t["params"])
     with mlflow.start_run(run_name="baseline"):
@@ -106,8 +109,11 @@ def timed(cmd: list[str], cwd: Path) -> float:
 
 def main() -> None:
     run = [sys.executable, "-m", "sweeper", "run", str(SPEC), "--out", "out", "-q"]
-    with tempfile.TemporaryDirectory() as demo, tempfile.TemporaryDirectory() as seq, \
-            tempfile.TemporaryDirectory() as base:
+    with (
+        tempfile.TemporaryDirectory() as demo,
+        tempfile.TemporaryDirectory() as seq,
+        tempfile.TemporaryDirectory() as base,
+    ):
         demo_wall = timed(run, Path(demo))
         demo_best = json.loads((Path(demo) / "out" / "summary.json").read_text())["best"]["value"]
         seq_wall = timed([*run, "search.parallel=1", "train.cpu_threads=2", "export.formats=[]"], Path(seq))
@@ -115,11 +121,14 @@ def main() -> None:
         # the fixed cost: a one-trial sweep's wall time less that trial's own seconds
         one = Path(seq) / "one"
         one.mkdir()
-        one_wall = timed([*run, "search.parallel=1", "train.cpu_threads=2", "export.formats=[]", "search.n_trials=1"], one)
+        one_wall = timed(
+            [*run, "search.parallel=1", "train.cpu_threads=2", "export.formats=[]", "search.n_trials=1"], one
+        )
         fixed = one_wall - json.loads((one / "out" / "summary.json").read_text())["trials"][0]["seconds"]
         plan = Path(base) / "plan.json"
-        plan.write_text(json.dumps([{"params": t["params"], "epochs": t["epochs"], "state": t["state"]}
-                                    for t in summary["trials"]]))
+        plan.write_text(
+            json.dumps([{"params": t["params"], "epochs": t["epochs"], "state": t["state"]} for t in summary["trials"]])
+        )
         base_wall = timed([sys.executable, __file__, "--baseline", str(plan)], Path(base))
 
     print(f"{'trial':>5} {'state':>9} {'epochs':>6} {'train s':>8} {'other s':>8} {'other/train':>11}")
@@ -131,17 +140,21 @@ def main() -> None:
         print(f"{t['number']:>5} {t['state']:>9} {t['epochs']:>6} {train:8.3f} {other:8.3f} {other / train:11.2f}")
     n = len(summary["trials"])
     orchestration = seq_wall - fixed - trial_total
-    print(f"\nsequential sweeper: wall {seq_wall:.1f} s = training {train_total:.1f} s + in the worker "
-          f"{trial_total - train_total:.1f} s (building, checkpoints) + orchestration {orchestration:.1f} s "
-          f"(sampling, Optuna storage, MLflow runs: {1000 * orchestration / n:.0f} ms a trial; goal <= 20) "
-          f"+ fixed {fixed:.1f} s (imports, storage and MLflow set-up, dry build, summary: a one-trial sweep's "
-          f"wall less its trial; goal <= 4)")
+    print(
+        f"\nsequential sweeper: wall {seq_wall:.1f} s = training {train_total:.1f} s + in the worker "
+        f"{trial_total - train_total:.1f} s (building, checkpoints) + orchestration {orchestration:.1f} s "
+        f"(sampling, Optuna storage, MLflow runs: {1000 * orchestration / n:.0f} ms a trial; goal <= 20) "
+        f"+ fixed {fixed:.1f} s (imports, storage and MLflow set-up, dry build, summary: a one-trial sweep's "
+        f"wall less its trial; goal <= 4)"
+    )
     print(f"sequential sweeper: everything-else / training = {(seq_wall - train_total) / train_total:.2f}")
     print(f"baseline (hand-written Optuna + PyTorch + MLflow, same trials and epochs): wall {base_wall:.1f} s")
     print(f"ratio sequential sweeper / baseline: {seq_wall / base_wall:.2f}")
-    print(f"demo as shipped (parallel 2, TorchScript export verified in a fresh process, model "
-          f"registered in MLflow): wall {demo_wall:.1f} s, best val_acc {demo_best:.4f}; "
-          f"ratio demo / baseline: {demo_wall / base_wall:.2f}")
+    print(
+        f"demo as shipped (parallel 2, TorchScript export verified in a fresh process, model "
+        f"registered in MLflow): wall {demo_wall:.1f} s, best val_acc {demo_best:.4f}; "
+        f"ratio demo / baseline: {demo_wall / base_wall:.2f}"
+    )
 
 
 if __name__ == "__main__":

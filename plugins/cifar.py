@@ -67,7 +67,8 @@ class _BatchUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(
                 f"{self.path}: not a CIFAR-10 batch: it asks to load {module}.{name}, which the format never "
                 f"holds (nothing was run). Delete {self.path.parent} and fetch the 'python version' again "
-                f"from {HOME}.") from None
+                f"from {HOME}."
+            ) from None
 
 
 def _unpickle(path: Path) -> dict[str, Any]:
@@ -92,10 +93,12 @@ def _class_names(folder: Path) -> tuple[str, ...] | None:
 
 def _where_files_go(root: Path) -> str:
     root = root.absolute()
-    return (f"CIFAR-10 goes in {root / FOLDER}/ (data_batch_1 .. data_batch_5 and batches.meta): unpack the "
-            f"'python version' archive {ARCHIVE} from {HOME} into {root}, or put the archive itself in "
-            f"{root} (it is unpacked on first use). dataset.args.download: true fetches it (needs internet); "
-            f"false reads only what is on disk.")
+    return (
+        f"CIFAR-10 goes in {root / FOLDER}/ (data_batch_1 .. data_batch_5 and batches.meta): unpack the "
+        f"'python version' archive {ARCHIVE} from {HOME} into {root}, or put the archive itself in "
+        f"{root} (it is unpacked on first use). dataset.args.download: true fetches it (needs internet); "
+        f"false reads only what is on disk."
+    )
 
 
 def _resolve(host: str) -> None:
@@ -131,8 +134,10 @@ def _download(root: Path) -> None:
         finally:
             socket.setdefaulttimeout(previous)
     except (OSError, RuntimeError) as exc:  # URLError, DNS failure, timeout; RuntimeError: bad checksum
-        raise ConnectionError(f"CIFAR-10 is not on disk and downloading {URL} failed: {type(exc).__name__}: "
-                              f"{exc}. {_where_files_go(root)}") from exc
+        raise ConnectionError(
+            f"CIFAR-10 is not on disk and downloading {URL} failed: {type(exc).__name__}: "
+            f"{exc}. {_where_files_go(root)}"
+        ) from exc
 
 
 def _fetch(root: Path, download: bool) -> None:
@@ -156,8 +161,11 @@ def write_random(root: str | Path, per_batch: int = 20, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     for name in (*TRAIN_FILES, "test_batch"):
-        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 "labels": rng.integers(0, 10, per_batch).tolist(), "batch_label": name}
+        batch = {
+            "data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            "labels": rng.integers(0, 10, per_batch).tolist(),
+            "batch_label": name,
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
@@ -175,14 +183,25 @@ def random_crop_flip(batch: torch.Tensor, generator: torch.Generator) -> torch.T
     dx = torch.randint(0, 2 * PAD + 1, (n,), generator=generator, device=dev)
     rows = (dy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w, device=dev))[:, None, None, :]
-    crops = padded[torch.arange(n, device=dev)[:, None, None, None], torch.arange(batch.shape[1], device=dev)
-                   [None, :, None, None], rows, cols]
+    crops = padded[
+        torch.arange(n, device=dev)[:, None, None, None],
+        torch.arange(batch.shape[1], device=dev)[None, :, None, None],
+        rows,
+        cols,
+    ]
     flip = torch.rand(n, generator=generator, device=dev) < 0.5
     return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
 
 
-def cifar10(*, root: str = "data/cifar10", download: bool = False, val_fraction: float = 0.1,
-            augment: bool = True, limit: int | None = None, seed: int = 0) -> DataSplits:
+def cifar10(
+    *,
+    root: str = "data/cifar10",
+    download: bool = False,
+    val_fraction: float = 0.1,
+    augment: bool = True,
+    limit: int | None = None,
+    seed: int = 0,
+) -> DataSplits:
     """CIFAR-10's 50,000 training images split into train/val by ``seed``; ``limit`` keeps only
     the first N images (quick tries). ``download: true`` fetches the archive (needs internet);
     an archive already in ``root`` is unpacked without network."""
@@ -195,7 +214,14 @@ def cifar10(*, root: str = "data/cifar10", download: bool = False, val_fraction:
     x = torch.from_numpy(images)  # uint8 pixels: normalised per batch on the device
     normalize = Normalize(1 / 255.0, MEAN, STD)
     train, val = split_indices(len(labels), val_fraction, seed)
-    return DataSplits(train_x=x[train], train_y=labels[train], val_x=x[val], val_y=labels[val],
-                      num_classes=10, class_names=_class_names(folder),
-                      train_transform=random_crop_flip if augment else None,
-                      input_transform=normalize, normalization=normalize.as_dict())
+    return DataSplits(
+        train_x=x[train],
+        train_y=labels[train],
+        val_x=x[val],
+        val_y=labels[val],
+        num_classes=10,
+        class_names=_class_names(folder),
+        train_transform=random_crop_flip if augment else None,
+        input_transform=normalize,
+        normalization=normalize.as_dict(),
+    )

@@ -30,9 +30,15 @@ def digits(*, val_fraction: float = 0.2, seed: int = 0) -> DataSplits:
     train, val = split_indices(len(y), val_fraction, seed)
     mean, std = x[train].mean().item(), x[train].std().item()
     x = (x - mean) / std
-    return DataSplits(train_x=x[train], train_y=y[train], val_x=x[val], val_y=y[val], num_classes=10,
-                      class_names=tuple(str(d) for d in range(10)),
-                      normalization={"scale": 1 / 16.0, "mean": [mean], "std": [std]})
+    return DataSplits(
+        train_x=x[train],
+        train_y=y[train],
+        val_x=x[val],
+        val_y=y[val],
+        num_classes=10,
+        class_names=tuple(str(d) for d in range(10)),
+        normalization={"scale": 1 / 16.0, "mean": [mean], "std": [std]},
+    )
 
 
 def _digits_arrays() -> tuple[Any, Any]:
@@ -50,8 +56,15 @@ def _digits_arrays() -> tuple[Any, Any]:
     return data[:, :-1], data[:, -1].astype(int)
 
 
-def synthetic(*, num_train: int = 512, num_val: int = 128, input_shape: tuple[int, ...] = (1, 8, 8),
-              num_classes: int = 4, noise: float = 0.1, seed: int = 0) -> DataSplits:
+def synthetic(
+    *,
+    num_train: int = 512,
+    num_val: int = 128,
+    input_shape: tuple[int, ...] = (1, 8, 8),
+    num_classes: int = 4,
+    noise: float = 0.1,
+    seed: int = 0,
+) -> DataSplits:
     """Gaussian inputs labelled by a fixed random linear teacher (plus ``noise`` on the logits):
     learnable, so a sweep over it has something to find. For smoke tests; costs milliseconds."""
     g = torch.Generator().manual_seed(seed)
@@ -60,5 +73,6 @@ def synthetic(*, num_train: int = 512, num_val: int = 128, input_shape: tuple[in
     teacher = torch.randn(x[0].numel(), num_classes, generator=g)
     logits = x.flatten(1) @ teacher
     y = (logits + noise * logits.std() * torch.randn(logits.shape, generator=g)).argmax(1)
-    return DataSplits(train_x=x[:num_train], train_y=y[:num_train], val_x=x[num_train:],
-                      val_y=y[num_train:], num_classes=num_classes)
+    return DataSplits(
+        train_x=x[:num_train], train_y=y[:num_train], val_x=x[num_train:], val_y=y[num_train:], num_classes=num_classes
+    )

@@ -7,8 +7,9 @@ import math
 from torch import nn
 
 
-def mlp(*, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256, depth: int = 2,
-        dropout: float = 0.0) -> nn.Module:
+def mlp(
+    *, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256, depth: int = 2, dropout: float = 0.0
+) -> nn.Module:
     """Flatten -> ``depth`` x (Linear(hidden) -> ReLU -> Dropout) -> Linear(num_classes)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
@@ -20,12 +21,16 @@ def mlp(*, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256, de
 
 
 def _conv_bn(c_in: int, c_out: int, stride: int = 1) -> list[nn.Module]:
-    return [nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out),
-            nn.ReLU(inplace=True)]
+    return [
+        nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    ]
 
 
-def cnn(*, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, blocks: int = 2,
-        dropout: float = 0.0) -> nn.Module:
+def cnn(
+    *, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, blocks: int = 2, dropout: float = 0.0
+) -> nn.Module:
     """``blocks`` x (2 conv3x3-BN-ReLU, channels doubling, 2x2 max-pool) -> global avg pool -> Linear.
 
     Pooling stops once the feature map is 2x2, so 8x8 digits and 32x32 CIFAR both work."""
@@ -45,10 +50,17 @@ def cnn(*, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, b
 class BasicBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(*_conv_bn(c_in, c_out, stride)[:2], nn.ReLU(inplace=True),
-                                  nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out))
-        self.shortcut = nn.Identity() if stride == 1 and c_in == c_out else nn.Sequential(
-            nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+        self.body = nn.Sequential(
+            *_conv_bn(c_in, c_out, stride)[:2],
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+        )
+        self.shortcut = (
+            nn.Identity()
+            if stride == 1 and c_in == c_out
+            else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+        )
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):

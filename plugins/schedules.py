@@ -11,20 +11,35 @@ def none(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int) -> None:
     return None
 
 
-def onecycle(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, pct_start: float = 0.25,
-             div_factor: float = 25.0, final_div_factor: float = 1e4,
-             cycle_momentum: bool = False) -> lr_scheduler.OneCycleLR:
+def onecycle(
+    optimizer: Optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    pct_start: float = 0.25,
+    div_factor: float = 25.0,
+    final_div_factor: float = 1e4,
+    cycle_momentum: bool = False,
+) -> lr_scheduler.OneCycleLR:
     """One-cycle policy (Smith 2018) peaking at the optimizer's configured LR. ``cycle_momentum``
     (torch's default is on) would also cycle the optimizer's momentum (SGD) or beta1 (Adam)
     between 0.85 and 0.95 every step, overriding what the spec fixed or searched: off unless asked."""
     peak = [group["lr"] for group in optimizer.param_groups]
-    return lr_scheduler.OneCycleLR(optimizer, max_lr=peak, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                                   pct_start=pct_start, div_factor=div_factor,
-                                   final_div_factor=final_div_factor, cycle_momentum=cycle_momentum)
+    return lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=peak,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        pct_start=pct_start,
+        div_factor=div_factor,
+        final_div_factor=final_div_factor,
+        cycle_momentum=cycle_momentum,
+    )
 
 
-def cosine(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0,
-           min_lr: float = 0.0) -> lr_scheduler.LRScheduler:
+def cosine(
+    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0, min_lr: float = 0.0
+) -> lr_scheduler.LRScheduler:
     """Cosine decay to ``min_lr`` over the run, after an optional linear warm-up (epochs)."""
     total = epochs * steps_per_epoch
     warmup = int(warmup_epochs * steps_per_epoch)
@@ -35,13 +50,21 @@ def cosine(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_ep
     return lr_scheduler.SequentialLR(optimizer, [ramp, decay], milestones=[warmup])
 
 
-def step(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: int = 10,
-         gamma: float = 0.1) -> lr_scheduler.StepLR:
+def step(
+    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: int = 10, gamma: float = 0.1
+) -> lr_scheduler.StepLR:
     """Multiply the LR by ``gamma`` every ``step_epochs`` epochs."""
     return lr_scheduler.StepLR(optimizer, step_size=step_epochs * steps_per_epoch, gamma=gamma)
 
 
-def plateau(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, factor: float = 0.1,
-            patience: int = 2, min_lr: float = 0.0) -> lr_scheduler.ReduceLROnPlateau:
+def plateau(
+    optimizer: Optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    factor: float = 0.1,
+    patience: int = 2,
+    min_lr: float = 0.0,
+) -> lr_scheduler.ReduceLROnPlateau:
     """Multiply the LR by ``factor`` when the validation loss stalls for ``patience`` epochs."""
     return lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=factor, patience=patience, min_lr=min_lr)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -18,8 +18,12 @@ from rich.markup import escape
 from sweeper.errors import SweepStopped, UserError
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Plugin-based hyperparameter sweeps for PyTorch.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Plugin-based hyperparameter sweeps for PyTorch.",
+)
 err = Console(stderr=True, highlight=False)
 
 SPEC = typer.Argument(..., help="sweep spec (YAML), e.g. search_spaces/digits.yaml", show_default=False)
@@ -29,6 +33,7 @@ OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.e
 def user_errors(fn: Callable) -> Callable:
     """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback. A
     sweep its circuit breaker stopped (SweepStopped): its message, exit code 1."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -39,14 +44,18 @@ def user_errors(fn: Callable) -> Callable:
         except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
             err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)
             raise typer.Exit(1) from None
+
     return wrapper
 
 
 @app.command()
 @user_errors
-def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
-        out: Optional[Path] = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)")) -> None:
+def run(
+    spec: Path = SPEC,
+    overrides: list[str] | None = OVERRIDES,
+    out: Path | None = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)"),
+) -> None:
     """Run (or resume) a sweep."""
     from sweeper.search import runner
     from sweeper.spec import load
@@ -62,13 +71,18 @@ def run(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 
 @app.command()
 @user_errors
-def worker(spec: Optional[Path] = typer.Argument(None, help="sweep spec (YAML); or give --study", show_default=False),
-           overrides: Optional[list[str]] = OVERRIDES,
-           study: Optional[str] = typer.Option(None, "--study", help="a storage URL holding the sweep, e.g. "
-                                               "postgresql+psycopg://user@host/db: its spec is read from there"),
-           name: Optional[str] = typer.Option(None, "--name", help="with --study: which sweep, if it holds several"),
-           out: Optional[Path] = typer.Option(None, "--out", help="folder for checkpoints [default: runs/<name>]"),
-           quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display")) -> None:
+def worker(
+    spec: Path | None = typer.Argument(None, help="sweep spec (YAML); or give --study", show_default=False),
+    overrides: list[str] | None = OVERRIDES,
+    study: str | None = typer.Option(
+        None,
+        "--study",
+        help="a storage URL holding the sweep, e.g. postgresql+psycopg://user@host/db: its spec is read from there",
+    ),
+    name: str | None = typer.Option(None, "--name", help="with --study: which sweep, if it holds several"),
+    out: Path | None = typer.Option(None, "--out", help="folder for checkpoints [default: runs/<name>]"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
+) -> None:
     """Join a sweep (search.backend optuna) and train its trials until its budget is spent; any
     number of workers on any machines share one study (search.storage)."""
     from sweeper.search import runner
@@ -85,8 +99,10 @@ def worker(spec: Optional[Path] = typer.Argument(None, help="sweep spec (YAML); 
     else:
         sweep = load(spec, overrides or [])
     if sweep.search.backend != "optuna":
-        raise UserError(f"{spec}: search.backend is '{sweep.search.backend}'; `sweeper worker` serves Optuna sweeps "
-                        f"(a Ray sweep's workers are Ray nodes: `ray start --address ...`)")
+        raise UserError(
+            f"{spec}: search.backend is '{sweep.search.backend}'; `sweeper worker` serves Optuna sweeps "
+            f"(a Ray sweep's workers are Ray nodes: `ray start --address ...`)"
+        )
     observer = QuietObserver() if quiet else RichObserver()
     report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role="worker")
     counts = ", ".join(f"{n} {state}" for state, n in report["counts"].items()) or "none"
@@ -100,8 +116,12 @@ NAME = typer.Option(None, "--name", help="which sweep, if the storage holds seve
 
 @app.command()
 @user_errors
-def status(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME,
-           as_json: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
+def status(
+    folder: Path | None = FOLDER,
+    study: str | None = STUDY,
+    name: str | None = NAME,
+    as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),
+) -> None:
     """Show a sweep's trials by state, which process holds which trial, throughput and time left."""
     from sweeper.search.optuna import status as sweep_status
 
@@ -114,22 +134,27 @@ def status(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: 
 
 @app.command()
 @user_errors
-def stop(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME) -> None:
+def stop(folder: Path | None = FOLDER, study: str | None = STUDY, name: str | None = NAME) -> None:
     """Stop a sweep gracefully: running trials finish, no process claims a new one. `sweeper run`
     with its spec resumes it."""
     from sweeper.search.optuna import status as sweep_status
 
     url, sweep = sweep_status.locate(folder, study, name)
     sweep_status.stop(url, sweep)
-    typer.echo(f"stop requested for sweep '{sweep}': running trials finish, no new trial starts; "
-               f"`sweeper status` follows it")
+    typer.echo(
+        f"stop requested for sweep '{sweep}': running trials finish, no new trial starts; `sweeper status` follows it"
+    )
 
 
 @app.command()
 @user_errors
-def dashboard(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, name: Optional[str] = NAME,
-              host: str = typer.Option("127.0.0.1", "--host", help="address to serve on (loopback: this machine only)"),
-              port: int = typer.Option(8080, "--port")) -> None:
+def dashboard(
+    folder: Path | None = FOLDER,
+    study: str | None = STUDY,
+    name: str | None = NAME,
+    host: str = typer.Option("127.0.0.1", "--host", help="address to serve on (loopback: this machine only)"),
+    port: int = typer.Option(8080, "--port"),
+) -> None:
     """Serve optuna-dashboard for a sweep's study (live while it runs): history, importances,
     intermediate values, timeline. Ctrl-C stops it."""
     from sweeper.search.optuna import status as sweep_status
@@ -139,26 +164,39 @@ def dashboard(folder: Optional[Path] = FOLDER, study: Optional[str] = STUDY, nam
 
 @app.command()
 @user_errors
-def submit(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
-           address: str = typer.Option(..., "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
-           out: Optional[str] = typer.Option(None, "--out", help="output folder on the head node "
-                                                                  "[default: /tmp/sweeper/runs/<name>]"),
-           python: str = typer.Option(sys.executable, "--python", help="the head node's Python with sweeper installed")) -> None:
+def submit(
+    spec: Path = SPEC,
+    overrides: list[str] | None = OVERRIDES,
+    address: str = typer.Option(..., "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
+    out: str | None = typer.Option(
+        None, "--out", help="output folder on the head node [default: /tmp/sweeper/runs/<name>]"
+    ),
+    python: str = typer.Option(sys.executable, "--python", help="the head node's Python with sweeper installed"),
+) -> None:
     """Submit the sweep (search.backend: ray) as a Ray job; print how to follow it."""
     from sweeper.search.ray.submit import submit as submit_job
 
     job = submit_job(spec, overrides or [], address, out, python)
-    typer.echo(f"submitted Ray job {job.job_id}; output on the head node: {job.out}\n"
-               f"follow:  {job.follow}\n"
-               f"status:  ray job status --address {address} {job.job_id}\n"
-               f"stop:    ray job stop --address {address} {job.job_id}")
+    typer.echo(
+        f"submitted Ray job {job.job_id}; output on the head node: {job.out}\n"
+        f"follow:  {job.follow}\n"
+        f"status:  ray job status --address {address} {job.job_id}\n"
+        f"stop:    ray job stop --address {address} {job.job_id}"
+    )
 
 
 @app.command()
 @user_errors
-def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
-             estimate: bool = typer.Option(False, "--estimate", help="also time a few training steps of the base "
-                                           "configuration: the time a trial takes and a bound for the sweep")) -> None:
+def validate(
+    spec: Path = SPEC,
+    overrides: list[str] | None = OVERRIDES,
+    estimate: bool = typer.Option(
+        False,
+        "--estimate",
+        help="also time a few training steps of the base "
+        "configuration: the time a trial takes and a bound for the sweep",
+    ),
+) -> None:
     """Check a spec and its plugins without training; print the resolved spec and budget."""
     import yaml
 
@@ -183,8 +221,11 @@ def validate(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
 
 @app.command("lr-find")
 @user_errors
-def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
-            out: Optional[Path] = typer.Option(None, "--out", help="folder for the plot [default: runs/<name>]")) -> None:
+def lr_find(
+    spec: Path = SPEC,
+    overrides: list[str] | None = OVERRIDES,
+    out: Path | None = typer.Option(None, "--out", help="folder for the plot [default: runs/<name>]"),
+) -> None:
     """Run the LR range test alone on the spec's base config; print the suggestion and the plot."""
     from sweeper.pluginhost.binding import check_plugins
     from sweeper.search import runner, warm_start
@@ -199,16 +240,23 @@ def lr_find(spec: Path = SPEC, overrides: Optional[list[str]] = OVERRIDES,
     path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
     lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
     found = f"{result.suggestion:.4g}" if result.suggestion is not None else "none (no reliable signal)"
-    detail = f" (steepest descent {result.steepest:.3g}, lowest loss at {result.min_loss_lr:.3g})" \
-        if result.steepest is not None and result.min_loss_lr is not None else ""
-    typer.echo(f"suggested lr: {found}{detail}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
-               f"(stopped: {result.stopped})\nplot: {path}")
+    detail = (
+        f" (steepest descent {result.steepest:.3g}, lowest loss at {result.min_loss_lr:.3g})"
+        if result.steepest is not None and result.min_loss_lr is not None
+        else ""
+    )
+    typer.echo(
+        f"suggested lr: {found}{detail}\nrange: {lrs} over {result.steps} steps in {result.seconds:.1f} s "
+        f"(stopped: {result.stopped})\nplot: {path}"
+    )
 
 
 @app.command()
 @user_errors
-def sync(folder: Path = typer.Argument(..., help="a sweep's output folder, e.g. runs/<name>", show_default=False),
-         tracking_uri: Optional[str] = typer.Option(None, help="default: the URI each journal was written for")) -> None:
+def sync(
+    folder: Path = typer.Argument(..., help="a sweep's output folder, e.g. runs/<name>", show_default=False),
+    tracking_uri: str | None = typer.Option(None, help="default: the URI each journal was written for"),
+) -> None:
     """Send to MLflow what a sweep logged while its tracking server was away (the folder's
     mlflow-journal); exit 2 if the server still does not answer."""
     from sweeper.track.sync import sync_folder
@@ -220,10 +268,15 @@ def sync(folder: Path = typer.Argument(..., help="a sweep's output folder, e.g. 
 
 @app.command()
 @user_errors
-def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a nested run of a sweep)"),
-           tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"),
-           solo: bool = typer.Option(False, "--solo", help="a fused trial: train it alone, not with its fused "
-                                     "model's members (compared within a relative 1e-5)")) -> None:
+def replay(
+    run_id: str = typer.Argument(..., help="MLflow run id of a trial (a nested run of a sweep)"),
+    tracking_uri: str | None = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"),
+    solo: bool = typer.Option(
+        False,
+        "--solo",
+        help="a fused trial: train it alone, not with its fused model's members (compared within a relative 1e-5)",
+    ),
+) -> None:
     """Train a recorded trial again and check every per-epoch metric against its MLflow run.
     A trial trained fused with others trains again with them, fused as before."""
     from sweeper.replay import replay as replay_trial
@@ -236,9 +289,11 @@ def replay(run_id: str = typer.Argument(..., help="MLflow run id of a trial (a n
 
 @app.command()
 @user_errors
-def report(source: str = typer.Argument(..., help="a sweep's output folder, or the MLflow run id of a sweep"),
-           out: Optional[Path] = typer.Option(None, "--out", help="[default: FOLDER/report.html, or ./report-RUN_ID.html]"),
-           tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
+def report(
+    source: str = typer.Argument(..., help="a sweep's output folder, or the MLflow run id of a sweep"),
+    out: Path | None = typer.Option(None, "--out", help="[default: FOLDER/report.html, or ./report-RUN_ID.html]"),
+    tracking_uri: str | None = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"),
+) -> None:
     """Write one self-contained HTML report of a sweep: summary, every trial, the plots of the
     search, the LR range test, the export and its parity, the failures. It opens without a server."""
     from sweeper.review.report import from_source
@@ -248,14 +303,23 @@ def report(source: str = typer.Argument(..., help="a sweep's output folder, or t
 
 @app.command("export")
 @user_errors
-def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a completed trial"),
-               formats: Optional[list[str]] = typer.Option(None, "--formats", help="torchscript, pt2, onnx "
-                                                           "(repeat or comma-separate) [default: the spec's]"),
-               out: Optional[Path] = typer.Option(None, "--out", help="[default: <sweep out>/export-trial-<N> when "
-                                                  "that folder is on this machine, else ./export-trial-<N>]"),
-               checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="the trial's checkpoint file "
-                                                         "[default: the one its run records, if inside its sweep's folder]"),
-               tracking_uri: Optional[str] = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")) -> None:
+def export_cmd(
+    run_id: str = typer.Argument(..., help="MLflow run id of a completed trial"),
+    formats: list[str] | None = typer.Option(
+        None, "--formats", help="torchscript, pt2, onnx (repeat or comma-separate) [default: the spec's]"
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="[default: <sweep out>/export-trial-<N> when that folder is on this machine, else ./export-trial-<N>]",
+    ),
+    checkpoint: Path | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="the trial's checkpoint file [default: the one its run records, if inside its sweep's folder]",
+    ),
+    tracking_uri: str | None = typer.Option(None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db"),
+) -> None:
     """Export a finished trial from its checkpoint; verify every file; write export.json."""
     from sweeper.export.trial_run import export_trial, parse_formats
     from sweeper.track.mlflow import resolve_uri
@@ -270,10 +334,13 @@ def export_cmd(run_id: str = typer.Argument(..., help="MLflow run id of a comple
 
 @app.command()
 @user_errors
-def predict(model_file: Path = typer.Argument(..., help="model.torchscript.pt, model.pt2 or model.onnx"),
-            inputs: Path = typer.Argument(..., help=".npy array: one sample, or a batch (N, ...) of them, "
-                                                    "normalised as export.json says"),
-            out: Optional[Path] = typer.Option(None, "--out", help="also save the outputs (logits) as .npy")) -> None:
+def predict(
+    model_file: Path = typer.Argument(..., help="model.torchscript.pt, model.pt2 or model.onnx"),
+    inputs: Path = typer.Argument(
+        ..., help=".npy array: one sample, or a batch (N, ...) of them, normalised as export.json says"
+    ),
+    out: Path | None = typer.Option(None, "--out", help="also save the outputs (logits) as .npy"),
+) -> None:
     """Run an exported model on a .npy file, the way a consumer without sweeper does."""
     from sweeper.export.predict import predict_file
 
@@ -282,7 +349,7 @@ def predict(model_file: Path = typer.Argument(..., help="model.torchscript.pt, m
 
 
 @app.command()
-def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
+def schema(out: Path | None = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
     """Print the spec's JSON schema (for editor autocompletion)."""
     from sweeper.spec import json_schema
 
@@ -293,8 +360,9 @@ def schema(out: Optional[Path] = typer.Option(None, "--out", help="write to a fi
         typer.echo(text)
 
 
-plugins_app = typer.Typer(no_args_is_help=False, help=(
-    "List installed plugins (reads package metadata; imports none of them), or show one."))
+plugins_app = typer.Typer(
+    no_args_is_help=False, help=("List installed plugins (reads package metadata; imports none of them), or show one.")
+)
 app.add_typer(plugins_app, name="plugins")
 ARGS = typer.Option(False, "--args", help="also import each plugin and show its arguments and defaults")
 
@@ -308,7 +376,7 @@ def plugins(ctx: typer.Context, args: bool = ARGS) -> None:
         _list_plugins(None, args)
 
 
-def _list_plugins(kind: Optional[str], with_args: bool) -> None:
+def _list_plugins(kind: str | None, with_args: bool) -> None:
     from sweeper.pluginhost import listing
 
     if not listing.show(kind, with_args):  # a plugin failed to import: listed, then exit 1
@@ -318,6 +386,7 @@ def _list_plugins(kind: Optional[str], with_args: bool) -> None:
 def _kind_command(kind: str) -> Callable:
     def command(ctx: typer.Context, args: bool = ARGS) -> None:
         _list_plugins(kind, args or bool(ctx.obj))
+
     command.__doc__ = f"List the {kind.replace('_', ' ')} plugins."
     return user_errors(command)
 
@@ -328,8 +397,10 @@ for _kind in LISTED:
 
 @plugins_app.command()
 @user_errors
-def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:name'"),
-         kind: Optional[str] = typer.Option(None, "--kind", help="only this kind (when a name has several)")) -> None:
+def show(
+    name: str = typer.Argument(..., help="plugin name, or 'distribution:name'"),
+    kind: str | None = typer.Option(None, "--kind", help="only this kind (when a name has several)"),
+) -> None:
     """Import one plugin and show where it comes from, its API version and its arguments."""
     import inspect
 
@@ -352,8 +423,9 @@ def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:nam
             continue
         factory = registry.get(p.kind, p.qualified)
         declared = registry.declared_api(p.kind, p.qualified)
-        out.print(f"  plugin API    {'not declared' if declared is None else declared} "
-                  f"(this sweeper: {PLUGIN_API_VERSION})")
+        out.print(
+            f"  plugin API    {'not declared' if declared is None else declared} (this sweeper: {PLUGIN_API_VERSION})"
+        )
         doc = (inspect.getdoc(factory) or "").strip().split("\n\n")[0].replace("\n", " ")
         if doc:
             out.print(f"  about         {doc}")
@@ -367,15 +439,19 @@ def show(name: str = typer.Argument(..., help="plugin name, or 'distribution:nam
 
 @app.command()
 @user_errors
-def init(source: str = typer.Option(..., "--from", help="a search space, or a plugin whose distribution ships one"),
-         out: Optional[Path] = typer.Option(None, "--out", "-o", help="spec to write [default: ./<name>.yaml]"),
-         force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
+def init(
+    source: str = typer.Option(..., "--from", help="a search space, or a plugin whose distribution ships one"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="spec to write [default: ./<name>.yaml]"),
+    force: bool = typer.Option(False, "--force", help="overwrite an existing file"),
+) -> None:
     """Start a spec from a search space a plugin distribution ships."""
     from sweeper.pluginhost.templates import init as init_spec
 
     path, template = init_spec(source, out, force)
-    typer.echo(f"wrote {path} (search space '{template.name}' from {template.distribution} {template.version}); "
-               f"next: sweeper validate {path}  then  sweeper run {path}")
+    typer.echo(
+        f"wrote {path} (search space '{template.name}' from {template.distribution} {template.version}); "
+        f"next: sweeper validate {path}  then  sweeper run {path}"
+    )
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ import contextlib
 import os
 import re
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 # .NAME.tmp-PID-TOKEN: the PID says whether its writer may still be at work
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]+$")

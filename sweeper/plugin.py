@@ -26,9 +26,10 @@ of versions); ``registry.get`` refuses a plugin whose declaration excludes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -82,8 +83,13 @@ class DataSplits:
     def to(self, device: torch.device) -> DataSplits:
         from dataclasses import replace
 
-        return replace(self, train_x=self.train_x.to(device), train_y=self.train_y.to(device),
-                       val_x=self.val_x.to(device), val_y=self.val_y.to(device))
+        return replace(
+            self,
+            train_x=self.train_x.to(device),
+            train_y=self.train_y.to(device),
+            val_x=self.val_x.to(device),
+            val_y=self.val_y.to(device),
+        )
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,7 @@ class Normalize:
 
             mean, std = torch.tensor(self.mean), torch.tensor(self.std)
             shape = (len(self.mean),) + (1,) * (x.ndim - 2)
-            self._constants[key] = ((self.scale / std).view(shape).to(x.device),
-                                    (-mean / std).view(shape).to(x.device))
+            self._constants[key] = ((self.scale / std).view(shape).to(x.device), (-mean / std).view(shape).to(x.device))
         factor, shift = self._constants[key]
         return x.float() * factor + shift
 

@@ -53,12 +53,17 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
     run, record = load_trial(tracker, run_id)
     tags = run.data.tags
     if f"{TAG}pbt_donor" in tags:
-        raise UserError(f"run {run_id} continued from trial {tags[f'{TAG}pbt_donor']}'s checkpoint (a PBT "
-                        f"exploit): replay trains from epoch 1 and cannot reproduce it; replay the trials "
-                        f"of its lineage instead")
+        raise UserError(
+            f"run {run_id} continued from trial {tags[f'{TAG}pbt_donor']}'s checkpoint (a PBT "
+            f"exploit): replay trains from epoch 1 and cannot reproduce it; replay the trials "
+            f"of its lineage instead"
+        )
     spec = record.spec
-    history = {key: _by_epoch(tracker.metric_history(run_id, key))
-               for key in run.data.metrics if key not in UNREPRODUCIBLE and key not in FOOTPRINT_METRICS}
+    history = {
+        key: _by_epoch(tracker.metric_history(run_id, key))
+        for key in run.data.metrics
+        if key not in UNREPRODUCIBLE and key not in FOOTPRINT_METRICS
+    }
     epochs = len(history.get(spec.objective.metric, []))
     on_gpu = tags.get(f"{TAG}device", "cpu").startswith("cuda")
     tolerance = GPU_RTOL if on_gpu and not spec.train.deterministic else 0.0
@@ -67,11 +72,12 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
 
     for kind_name, version in provenance(spec).items():
         if record.plugins.get(kind_name) != version:
-            report.warnings.append(f"plugin {kind_name}: recorded {record.plugins.get(kind_name)}, "
-                                   f"installed {version}")
+            report.warnings.append(f"plugin {kind_name}: recorded {record.plugins.get(kind_name)}, installed {version}")
     if record.data_seed != derive(spec.seed, "data"):
-        report.warnings.append(f"data seed: recorded {record.data_seed}, this sweeper derives "
-                               f"{derive(spec.seed, 'data')} (the data split may differ)")
+        report.warnings.append(
+            f"data seed: recorded {record.data_seed}, this sweeper derives "
+            f"{derive(spec.seed, 'data')} (the data split may differ)"
+        )
     stops = {record.number: (tags.get(f"{TAG}state"), epochs)}
 
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
@@ -79,8 +85,9 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
         return state == "pruned" and epoch >= stopped_at  # stop where the original was stopped
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrialConfig(record.number, record.seed, record.params, spec, record.threads,
-                             str(Path(tmp) / "replay.pt"))
+        config = TrialConfig(
+            record.number, record.seed, record.params, spec, record.threads, str(Path(tmp) / "replay.pt")
+        )
         outcome = None
         if len(members) > 1 and not solo:
             outcome = _replay_fused(tracker, run, config, members, stops, decide, Path(tmp), report)
@@ -109,17 +116,25 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
     return report
 
 
-def _replay_fused(tracker: Tracker, run: Any, config: TrialConfig, members: list[int],
-                  stops: dict[int, tuple[str | None, int]], decide: Decide, tmp: Path,
-                  report: ReplayReport) -> Outcome | None:
+def _replay_fused(
+    tracker: Tracker,
+    run: Any,
+    config: TrialConfig,
+    members: list[int],
+    stops: dict[int, tuple[str | None, int]],
+    decide: Decide,
+    tmp: Path,
+    report: ReplayReport,
+) -> Outcome | None:
     """Train ``config`` again with the members of its fused model, in their order; None (and a
     warning) where a member's run cannot be found (replay solo then)."""
     parent = run.data.tags.get("mlflow.parentRunId")
     ids = tracker.trial_run_ids(parent, members) if parent else {}
     missing = [n for n in members if n != config.number and n not in ids]
     if missing:
-        report.warnings.append(f"trained fused with trials {members}, but the runs of {missing} were not found: "
-                               f"replayed alone")
+        report.warnings.append(
+            f"trained fused with trials {members}, but the runs of {missing} were not found: replayed alone"
+        )
         return None
     configs = []
     metric = config.spec.objective.metric
@@ -128,16 +143,23 @@ def _replay_fused(tracker: Tracker, run: Any, config: TrialConfig, members: list
             configs.append(config)
             continue
         sibling, record = load_trial(tracker, ids[number])
-        stops[number] = (sibling.data.tags.get(f"{TAG}state"), len(_by_epoch(tracker.metric_history(ids[number], metric))))
-        configs.append(TrialConfig(record.number, record.seed, record.params, record.spec, record.threads,
-                                   str(tmp / f"replay-{number}.pt")))
+        stops[number] = (
+            sibling.data.tags.get(f"{TAG}state"),
+            len(_by_epoch(tracker.metric_history(ids[number], metric))),
+        )
+        configs.append(
+            TrialConfig(
+                record.number, record.seed, record.params, record.spec, record.threads, str(tmp / f"replay-{number}.pt")
+            )
+        )
     outcome = next(o for o in execute_group(configs, decide) if o.number == config.number)
     if "fused_with" in outcome.info:
         report.fused_with = members
     else:  # the group could not train fused this time: its members trained alone
         report.tolerance = max(report.tolerance, FUSED_RTOL)
-        report.warnings.append(f"its fused model could not be built again ({outcome.info.get('fuse_fallback')}): "
-                               f"replayed alone")
+        report.warnings.append(
+            f"its fused model could not be built again ({outcome.info.get('fuse_fallback')}): replayed alone"
+        )
     return outcome
 
 

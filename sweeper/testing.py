@@ -17,9 +17,10 @@ from __future__ import annotations
 import io
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,8 +55,10 @@ def _start(kind: str, name: str, args: dict[str, Any] | None) -> tuple[Callable[
 
 def _expect(ok: bool, report: CheckReport, what: str, detail: str = "") -> None:
     if not ok:
-        raise AssertionError(f"{registry.singular(report.kind)} plugin '{report.name}' (distribution "
-                             f"{report.distribution} {report.version}): {what}{': ' + detail if detail else ''}")
+        raise AssertionError(
+            f"{registry.singular(report.kind)} plugin '{report.name}' (distribution "
+            f"{report.distribution} {report.version}): {what}{': ' + detail if detail else ''}"
+        )
     report.passed.append(what)
 
 
@@ -66,9 +69,17 @@ def _same_params(a: nn.Module, b: nn.Module) -> bool:
 
 # --- models -----------------------------------------------------------------------------------
 
-def check_model_plugin(name: str, *, args: dict[str, Any] | None = None,
-                       input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10,
-                       batch: int = 4, seed: int = 0, export: bool = True) -> CheckReport:
+
+def check_model_plugin(
+    name: str,
+    *,
+    args: dict[str, Any] | None = None,
+    input_shape: tuple[int, ...] = (3, 32, 32),
+    num_classes: int = 10,
+    batch: int = 4,
+    seed: int = 0,
+    export: bool = True,
+) -> CheckReport:
     """Build the model twice under ``seed``; check a forward/backward step, the output shape
     (batch, num_classes), finite values and gradients, and determinism; then try TorchScript
     and ONNX export (warnings only)."""
@@ -94,9 +105,12 @@ def check_model_plugin(name: str, *, args: dict[str, Any] | None = None,
         torch.manual_seed(seed)  # dropout and friends draw from the global generator
         outputs.append(m.train()(x))
     out = outputs[0]
-    _expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (batch, num_classes), report,
-            f"maps a batch of shape {(batch, *input_shape)} to logits of shape {(batch, num_classes)}",
-            f"got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    _expect(
+        isinstance(out, torch.Tensor) and tuple(out.shape) == (batch, num_classes),
+        report,
+        f"maps a batch of shape {(batch, *input_shape)} to logits of shape {(batch, num_classes)}",
+        f"got {tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}",
+    )
     _expect(bool(torch.isfinite(out).all()), report, "outputs finite logits")
     _expect(torch.equal(out, outputs[1]), report, "same seed, same outputs (train mode)")
     nn.functional.cross_entropy(out, y).backward()
@@ -126,8 +140,10 @@ def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> No
     with torch.no_grad():
         expected = model(x).numpy()
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt, write, load in (("TorchScript", formats.torchscript, _run_torchscript),
-                                 ("ONNX", formats.onnx, _run_onnx)):
+        for fmt, write, load in (
+            ("TorchScript", formats.torchscript, _run_torchscript),
+            ("ONNX", formats.onnx, _run_onnx),
+        ):
             path = Path(tmp) / formats.FORMATS[fmt.lower()].file
             try:
                 write(model, x, path)
@@ -155,6 +171,7 @@ def _run_onnx(path: Path, x: torch.Tensor):
 
 # --- datasets ---------------------------------------------------------------------------------
 
+
 def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
     """Build the data set twice with ``seed``; check the DataSplits contract (dtypes, shapes,
     label range, finite inputs), determinism, and the batch augmentation if it has one."""
@@ -166,16 +183,30 @@ def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed:
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         x = data.inputs(x)  # the model inputs (input_transform applied)
-        _expect(x.is_floating_point() and y.dtype == torch.int64, report,
-                f"{split}_x gives floating-point inputs and {split}_y is int64", f"got {x.dtype} and {y.dtype}")
-        _expect(x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0, report,
-                f"{split}_x is (N, *input_shape) and {split}_y is (N,) with N > 0",
-                f"got {tuple(x.shape)} and {tuple(y.shape)}")
-        _expect(bool(((y >= 0) & (y < data.num_classes)).all()), report,
-                f"{split}_y holds class indices in [0, num_classes={data.num_classes})")
+        _expect(
+            x.is_floating_point() and y.dtype == torch.int64,
+            report,
+            f"{split}_x gives floating-point inputs and {split}_y is int64",
+            f"got {x.dtype} and {y.dtype}",
+        )
+        _expect(
+            x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0,
+            report,
+            f"{split}_x is (N, *input_shape) and {split}_y is (N,) with N > 0",
+            f"got {tuple(x.shape)} and {tuple(y.shape)}",
+        )
+        _expect(
+            bool(((y >= 0) & (y < data.num_classes)).all()),
+            report,
+            f"{split}_y holds class indices in [0, num_classes={data.num_classes})",
+        )
         _expect(bool(torch.isfinite(x).all()), report, f"{split}_x is finite")
-    _expect(data.train_x.shape[1:] == data.val_x.shape[1:], report, "train and val inputs have the same shape",
-            f"{tuple(data.train_x.shape[1:])} vs {tuple(data.val_x.shape[1:])}")
+    _expect(
+        data.train_x.shape[1:] == data.val_x.shape[1:],
+        report,
+        "train and val inputs have the same shape",
+        f"{tuple(data.train_x.shape[1:])} vs {tuple(data.val_x.shape[1:])}",
+    )
     _expect(data.num_classes >= 2, report, "num_classes >= 2", f"got {data.num_classes}")
     if data.class_names is not None:
         _expect(len(data.class_names) == data.num_classes, report, "one class name per class")
@@ -194,8 +225,10 @@ def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed:
 
 # --- optimizers -------------------------------------------------------------------------------
 
-def check_optimizer_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0,
-                           steps: int = 20) -> CheckReport:
+
+def check_optimizer_plugin(
+    name: str, *, args: dict[str, Any] | None = None, seed: int = 0, steps: int = 20
+) -> CheckReport:
     """Build the optimizer over two parameter groups (the second with its own lr); check that
     ``steps`` steps on a small fixed problem lower the loss, that runs are deterministic, and
     that a state_dict round trip (what a checkpoint does) resumes identically."""
@@ -219,14 +252,22 @@ def check_optimizer_plugin(name: str, *, args: dict[str, Any] | None = None, see
         return loss.item()
 
     model, opt = build()
-    _expect(isinstance(opt, torch.optim.Optimizer), report, "returns a torch.optim.Optimizer",
-            f"got {type(opt).__name__}")
-    _expect(len(opt.param_groups) == 2 and all("lr" in grp for grp in opt.param_groups), report,
-            "keeps the parameter groups it is given, each with an 'lr' (schedules rescale it)")
+    _expect(
+        isinstance(opt, torch.optim.Optimizer), report, "returns a torch.optim.Optimizer", f"got {type(opt).__name__}"
+    )
+    _expect(
+        len(opt.param_groups) == 2 and all("lr" in grp for grp in opt.param_groups),
+        report,
+        "keeps the parameter groups it is given, each with an 'lr' (schedules rescale it)",
+    )
     losses = [step(model, opt) for _ in range(steps)]
     _expect(all(map(torch.isfinite, map(torch.tensor, losses))), report, "losses stay finite")
-    _expect(losses[-1] < losses[0], report, f"{steps} steps lower the loss",
-            f"{losses[0]:.4g} -> {losses[-1]:.4g} (are the default arguments usable?)")
+    _expect(
+        losses[-1] < losses[0],
+        report,
+        f"{steps} steps lower the loss",
+        f"{losses[0]:.4g} -> {losses[-1]:.4g} (are the default arguments usable?)",
+    )
 
     twin, twin_opt = build()
     for _ in range(steps):

@@ -57,16 +57,22 @@ def write_spec(path: Path, base: str = "smoke", **changes: object) -> Path:
 def sweeper(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would. Whatever the outcome (a result, a user
     error with exit 2, a sweep without a completed trial), the CLI never shows a traceback."""
-    proc = subprocess.run([sys.executable, "-m", "sweeper", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweeper", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     assert "Traceback" not in proc.stdout + proc.stderr, f"sweeper {' '.join(args)}:\n{proc.stderr}"
     return proc
 
 
-def make_dist(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
-              files: dict[str, str]) -> Path:
+def make_dist(
+    site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]], files: dict[str, str]
+) -> Path:
     """A real installed distribution in folder ``site`` (put it on sys.path / PYTHONPATH):
     ``NAME-VERSION.dist-info`` with METADATA and entry_points.txt, plus the given source files
     (paths relative to ``site``). importlib.metadata finds it like any pip-installed package."""
@@ -130,8 +136,13 @@ def gate(site: Path, tmp_path: Path) -> Path:
     """The `gate` schedule plugin (tests/plugins/sweeper_test_gate.py) installed as a distribution;
     returns the folder to pass as its ``folder`` argument."""
     source = (Path(__file__).parent / "plugins" / "sweeper_test_gate.py").read_text()
-    make_dist(site, "sweeper-test-gate", "1.0", {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
-              {"sweeper_test_gate.py": source})
+    make_dist(
+        site,
+        "sweeper-test-gate",
+        "1.0",
+        {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
+        {"sweeper_test_gate.py": source},
+    )
     from sweeper.pluginhost import registry
 
     registry.refresh()
@@ -141,8 +152,9 @@ def gate(site: Path, tmp_path: Path) -> Path:
 def kill_at_gate(gate: Path, *args: str, what: str = "") -> None:
     """Run ``sweeper ARGS`` until a trial reaches its gate (the gate plugin writes gate/blocked),
     then SIGKILL it: no chance to clean up, like a crash or an OOM kill."""
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for(lambda: (gate / "blocked").exists(), proc, what=what or "a trial reaching its gate")
     finally:

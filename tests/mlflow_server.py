@@ -46,8 +46,14 @@ class MlflowServer:
     artifacts under ``folder``. ``backend`` and ``artifacts`` name others (PostgreSQL, s3://),
     ``args`` adds options (``--app-name basic-auth``), ``env`` sets the server's environment."""
 
-    def __init__(self, folder: Path, backend: str | None = None, artifacts: str | None = None,
-                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        backend: str | None = None,
+        artifacts: str | None = None,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.folder, self.port = folder, free_port()
         self.url, self.log = f"http://127.0.0.1:{self.port}", folder / "server.log"
         self.backend = backend or f"sqlite:///{folder / 'store.db'}"
@@ -61,10 +67,28 @@ class MlflowServer:
         env.update(self.env)
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "1", "--backend-store-uri", self.backend, "--artifacts-destination", self.artifacts,
-                 *self.args],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                    "--backend-store-uri",
+                    self.backend,
+                    "--artifacts-destination",
+                    self.artifacts,
+                    *self.args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         try:
             wait_for(lambda: healthy(self.url), self.proc, timeout=300, what="the MLflow server's /health answering")
         except AssertionError as exc:

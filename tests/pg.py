@@ -43,13 +43,23 @@ def _admin():
 
     url = server_url()
     try:
-        return psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                               dbname="postgres", autocommit=True, connect_timeout=10)
+        return psycopg.connect(
+            host=url.host,
+            port=url.port,
+            user=url.username,
+            password=url.password,
+            dbname="postgres",
+            autocommit=True,
+            connect_timeout=10,
+        )
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0]
     # outside the except clause: the message alone, without psycopg's traceback chained to it
-    pytest.fail(f"no PostgreSQL server at {url.render_as_string(hide_password=True)} ({reason}); start one, "
-                f"or point {ENV} at one, e.g. {ENV}=postgresql+psycopg://USER:PASSWORD@HOST:5432", pytrace=False)
+    pytest.fail(
+        f"no PostgreSQL server at {url.render_as_string(hide_password=True)} ({reason}); start one, "
+        f"or point {ENV} at one, e.g. {ENV}=postgresql+psycopg://USER:PASSWORD@HOST:5432",
+        pytrace=False,
+    )
 
 
 @contextlib.contextmanager

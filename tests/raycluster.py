@@ -28,15 +28,29 @@ class LoopbackCluster:
         # token authentication on, with a token of this cluster's own (not ~/.ray/auth_token); trial
         # workers at normal priority, as sweeper's own local Ray (search/ray/cluster.py: Ray's default
         # niceness 15 starves them whenever the machine is loaded)
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_worker_niceness": "0"}
+        self.env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+            "RAY_worker_niceness": "0",
+        }
         self.logs = workdir / "ray-nodes"
         self.logs.mkdir(exist_ok=True)
         self.procs: list[subprocess.Popen] = []
         try:
             head = ["--head", "--port", str(self.port), "--ray-client-server-port", str(free_port())]
-            head += (["--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port",
-                      str(self.dashboard_port)] if dashboard else ["--include-dashboard", "false"])
+            head += (
+                [
+                    "--include-dashboard",
+                    "true",
+                    "--dashboard-host",
+                    "127.0.0.1",
+                    "--dashboard-port",
+                    str(self.dashboard_port),
+                ]
+                if dashboard
+                else ["--include-dashboard", "false"]
+            )
             self._start("head", head)
             for i in range(1, nodes):
                 self._start(f"node{i}", ["--address", self.address])
@@ -46,17 +60,33 @@ class LoopbackCluster:
             raise
 
     def _start(self, name: str, args: list[str]) -> None:
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--num-cpus", "1",
-               "--node-ip-address", "127.0.0.1", "--object-store-memory", str(100 * 2**20),
-               "--dashboard-agent-listen-port", str(free_port()), "--block"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            *args,
+            "--num-cpus",
+            "1",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--object-store-memory",
+            str(100 * 2**20),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--block",
+        ]
         log = open(self.logs / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
 
     def alive_nodes(self) -> list[str]:
         """Node ids of the live nodes (asked from a separate driver process)."""
-        code = ("import ray; ray.init(address='%s', logging_level='ERROR');"
-                "print(' '.join(x['NodeID'] for x in ray.nodes() if x['Alive']))" % self.address)
+        code = (
+            f"import ray; ray.init(address='{self.address}', logging_level='ERROR');"
+            "print(' '.join(x['NodeID'] for x in ray.nodes() if x['Alive']))"
+        )
         out = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True)
         return out.stdout.split() if out.returncode == 0 else []
 

@@ -10,17 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 MAX_LINES = 400
-LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; "
-                              "sys.exit(c(['--no-logo', '--no-cache']))"]
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c(['--no-logo', '--no-cache']))",
+]
 
 
 def test_no_file_is_over_400_lines():
-    sources = [p for folder in ("sweeper", "plugins", "tests", "benchmarks", "examples") for p in
-               (REPO / folder).rglob("*.py")]
+    sources = [
+        p for folder in ("sweeper", "plugins", "tests", "benchmarks", "examples") for p in (REPO / folder).rglob("*.py")
+    ]
     long = {str(p.relative_to(REPO)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert sources and not long
 
@@ -52,8 +55,13 @@ def test_readme_layout_matches_the_tree():
 
 def lint(package_root: Path) -> subprocess.CompletedProcess:
     """lint-imports with the project's contracts, on the sweeper package found under package_root."""
-    return subprocess.run(LINT, cwd=package_root, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        LINT,
+        cwd=package_root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_import_contracts_hold():
@@ -62,12 +70,15 @@ def test_import_contracts_hold():
     assert "Contracts: 4 kept, 0 broken." in proc.stdout
 
 
-@pytest.mark.parametrize("module, line, broken", [
-    ("trial/batching.py", "import sweeper.search.runner", "sweeper.trial.batching -> sweeper.search.runner"),
-    ("trial/trainer.py", "import mlflow", "one trial is pure PyTorch"),
-    ("track/mlflow.py", "from sweeper.spec import SweepSpec", "the tracker is a generic MLflow adapter"),
-    ("search/checkpoints.py", "from sweeper.search import runner", "no import cycles"),
-])
+@pytest.mark.parametrize(
+    "module, line, broken",
+    [
+        ("trial/batching.py", "import sweeper.search.runner", "sweeper.trial.batching -> sweeper.search.runner"),
+        ("trial/trainer.py", "import mlflow", "one trial is pure PyTorch"),
+        ("track/mlflow.py", "from sweeper.spec import SweepSpec", "the tracker is a generic MLflow adapter"),
+        ("search/checkpoints.py", "from sweeper.search import runner", "no import cycles"),
+    ],
+)
 def test_a_deliberate_violation_fails_the_contracts(tmp_path: Path, module: str, line: str, broken: str):
     shutil.copytree(REPO / "sweeper", tmp_path / "sweeper", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path)

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SPACES, sweeper, wait_for
 from mlflow_server import MlflowServer, free_port, stop_group
 
@@ -48,16 +47,27 @@ def shot(page, tmp_path: Path, name: str) -> None:
         shutil.copy(tmp_path / name, folder / name)
 
 
-def test_a_sweep_reviewed_in_the_mlflow_ui_optuna_dashboard_and_its_report(browser, tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch):
+def test_a_sweep_reviewed_in_the_mlflow_ui_optuna_dashboard_and_its_report(
+    browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     server = MlflowServer(tmp_path / "mlflow")
     (tmp_path / "mlflow").mkdir()
     server.start()
     try:
         monkeypatch.chdir(tmp_path)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        run = sweeper("run", str(SPACES / "smoke.yaml"), "search.n_trials=3", f"train.epochs={EPOCHS}",
-                      "search.pruner.type=none", "tracking.experiment=browser", "--out", "out", "-q", check=True)
+        run = sweeper(
+            "run",
+            str(SPACES / "smoke.yaml"),
+            "search.n_trials=3",
+            f"train.epochs={EPOCHS}",
+            "search.pruner.type=none",
+            "tracking.experiment=browser",
+            "--out",
+            "out",
+            "-q",
+            check=True,
+        )
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         link = next(w for w in run.stdout.split() if w.startswith(server.url) and "workflowType" in w)
         page = browser.new_page(viewport={"width": 1600, "height": 900})
@@ -76,12 +86,16 @@ def test_a_sweep_reviewed_in_the_mlflow_ui_optuna_dashboard_and_its_report(brows
 
         # a trial's val_acc chart: one point an epoch
         trial = summary["trials"][0]["mlflow_run_id"]
-        page.goto(f"{server.url}/#/experiments/{_experiment_id(link)}/runs/{trial}/model-metrics"
-                  "?workflowType=machine_learning")
+        page.goto(
+            f"{server.url}/#/experiments/{_experiment_id(link)}/runs/{trial}/model-metrics"
+            "?workflowType=machine_learning"
+        )
         page.get_by_placeholder("Search metric charts").fill("val_acc")  # that chart alone
         charts = page.locator(".js-plotly-plot")
-        wait_for(lambda: charts.count() == 1 and charts.first.locator(".scatterlayer path.point").count() == EPOCHS,
-                 what=f"the val_acc chart alone, with {EPOCHS} points")
+        wait_for(
+            lambda: charts.count() == 1 and charts.first.locator(".scatterlayer path.point").count() == EPOCHS,
+            what=f"the val_acc chart alone, with {EPOCHS} points",
+        )
         shot(page, tmp_path, "mlflow-trial-metrics.png")
 
         # the registered model carries the champion alias
@@ -91,8 +105,13 @@ def test_a_sweep_reviewed_in_the_mlflow_ui_optuna_dashboard_and_its_report(brows
 
         # optuna-dashboard on the study: its trials, the objective named
         port = free_port()
-        dash = subprocess.Popen([sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        dash = subprocess.Popen(
+            [sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             url = next(w for w in dash.stdout.readline().split() if w.startswith("http://"))
             wait_for(lambda: _answers(url), dash, what="optuna-dashboard answering")
@@ -111,8 +130,10 @@ def test_a_sweep_reviewed_in_the_mlflow_ui_optuna_dashboard_and_its_report(brows
         assert figures >= 5  # all but the contour, which needs two parameters that vary
         page.goto(report.as_uri())
         plots = page.locator(".js-plotly-plot")
-        wait_for(lambda: plots.count() == figures and page.locator(".js-plotly-plot .main-svg").count() >= figures,
-                 what="the report's plots drawn")
+        wait_for(
+            lambda: plots.count() == figures and page.locator(".js-plotly-plot .main-svg").count() >= figures,
+            what="the report's plots drawn",
+        )
         page.get_by_text("Trials (3)").wait_for()
         shot(page, tmp_path, "report.png")
     finally:

@@ -6,12 +6,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from conftest import make_dist
+
 from sweeper.pluginhost import registry
 from sweeper.testing import PluginExportWarning, check_dataset_plugin, check_model_plugin, check_optimizer_plugin
 
-BAD = '''
+BAD = """
 import torch
 from torch import nn
 from sweeper.plugin import DataSplits
@@ -49,15 +49,22 @@ class Frozen(torch.optim.SGD):  # never moves a parameter
 
 def frozen(params, *, lr: float = 0.1):
     return Frozen(params, lr=lr)
-'''
+"""
 
 
 @pytest.fixture
 def bad(site: Path) -> None:
-    make_dist(site, "bad-plugins", "0.0.1", {
-        "sweeper.models": {"wrong_shape": "bad_plugins:wrong_shape", "unscriptable": "bad_plugins:unscriptable"},
-        "sweeper.datasets": {"unseeded": "bad_plugins:unseeded"},
-        "sweeper.optimizers": {"frozen": "bad_plugins:frozen"}}, {"bad_plugins.py": BAD})
+    make_dist(
+        site,
+        "bad-plugins",
+        "0.0.1",
+        {
+            "sweeper.models": {"wrong_shape": "bad_plugins:wrong_shape", "unscriptable": "bad_plugins:unscriptable"},
+            "sweeper.datasets": {"unseeded": "bad_plugins:unseeded"},
+            "sweeper.optimizers": {"frozen": "bad_plugins:frozen"},
+        },
+        {"bad_plugins.py": BAD},
+    )
     registry.refresh()
 
 
@@ -76,8 +83,11 @@ def test_builtins_conform():
 
 
 def test_wrong_output_shape_fails(bad):
-    with pytest.raises(AssertionError, match=r"model plugin 'wrong_shape' \(distribution bad-plugins 0\.0\.1\): "
-                                             r"maps a batch .* to logits of shape \(4, 10\): got \(4, 11\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"model plugin 'wrong_shape' \(distribution bad-plugins 0\.0\.1\): "
+        r"maps a batch .* to logits of shape \(4, 10\): got \(4, 11\)",
+    ):
         check_model_plugin("wrong_shape")
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import SPACES
+
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna.coordinator import Coordinator
 from sweeper.search.optuna.store import LedgerStore
@@ -80,18 +80,30 @@ class Events:
         pass
 
 
-def sweep(tmp_path: Path, *overrides: str, slots: int = 1, reverse: bool = False, budget: int | None = 10,
-          enqueue: tuple[float, ...] = ()):
-    spec = load(SPACES / "smoke.yaml", ["search.pruner={type: median, min_epochs: 1, startup_trials: 2}",
-                                        f"search.n_trials={budget}" if budget is not None else "search.n_trials=null",
-                                        *overrides])
+def sweep(
+    tmp_path: Path,
+    *overrides: str,
+    slots: int = 1,
+    reverse: bool = False,
+    budget: int | None = 10,
+    enqueue: tuple[float, ...] = (),
+):
+    spec = load(
+        SPACES / "smoke.yaml",
+        [
+            "search.pruner={type: median, min_epochs: 1, startup_trials: 2}",
+            f"search.n_trials={budget}" if budget is not None else "search.n_trials=null",
+            *overrides,
+        ],
+    )
     tmp_path.mkdir(parents=True, exist_ok=True)
     store = LedgerStore(spec, tmp_path)  # the study and ledger, in sqlite in tmp_path
     warm = [{"optimizer.args.lr": lr, "model.args.hidden": 16} for lr in enqueue]  # these trials first
     store.prepare(spec, "run", None, lambda: Prepared(enqueue=warm, fresh=True))
     events = Events()
-    ctx = SearchContext(tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events, store,
-                        enqueue=warm)
+    ctx = SearchContext(
+        tmp_path, Tracker(None), SweepInfo(None, spec.seed, str(tmp_path), "test"), events, store, enqueue=warm
+    )
     coordinator = Coordinator(spec, store.study, store.ledger, store.heartbeat, ctx)
     executor = Scripted(coordinator, slots, reverse)
     coordinator.run(executor)
@@ -163,8 +175,12 @@ def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_ea
 
 
 def test_grid_sampler_runs_each_point_once(tmp_path: Path):
-    coordinator, _ = sweep(tmp_path, "search.sampler=grid", "search.space.optimizer.args.lr="
-                           "{type: categorical, choices: [1.0e-3, 1.0e-2]}", budget=None)
+    coordinator, _ = sweep(
+        tmp_path,
+        "search.sampler=grid",
+        "search.space.optimizer.args.lr={type: categorical, choices: [1.0e-3, 1.0e-2]}",
+        budget=None,
+    )
     points = sorted((r.params["optimizer.args.lr"], r.params["model.args.hidden"]) for r in coordinator.records())
     assert points == [(1e-3, 16), (1e-3, 32), (1e-2, 16), (1e-2, 32)]
 
@@ -198,14 +214,22 @@ def test_a_multi_objective_sweep_keeps_the_checkpoints_of_its_pareto_front(tmp_p
     from sweeper.track.records import TrialRecord
     from sweeper.trial.checkpoint import trial_path
 
-    spec = load(SPACES / "smoke.yaml", ["search.pruner.type=none", "objective=null",
-                                        "objectives=[{metric: val_acc}, {metric: params, direction: minimize}]"])
+    spec = load(
+        SPACES / "smoke.yaml",
+        [
+            "search.pruner.type=none",
+            "objective=null",
+            "objectives=[{metric: val_acc}, {metric: params, direction: minimize}]",
+        ],
+    )
     kept: list[TrialRecord] = []
     # (val_acc, params): 1 beats 0 on both; 2 is smaller; 3 is beaten by 1
     for number, (acc, size) in enumerate([(0.5, 900.0), (0.7, 800.0), (0.6, 100.0), (0.65, 850.0)]):
         trial_path(tmp_path, number).parent.mkdir(exist_ok=True)
         trial_path(tmp_path, number).write_bytes(b"state")
-        new = TrialRecord(number=number, state="complete", params={}, value=acc, values={"val_acc": acc, "params": size})
+        new = TrialRecord(
+            number=number, state="complete", params={}, value=acc, values={"val_acc": acc, "params": size}
+        )
         kept = checkpoints.keep_better(spec, kept, new, tmp_path)
     assert [r.number for r in kept] == [1, 2]
     assert sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()) == [1, 2]
@@ -214,8 +238,10 @@ def test_a_multi_objective_sweep_keeps_the_checkpoints_of_its_pareto_front(tmp_p
 def test_fused_tasks_are_chunks_of_each_batch_whatever_the_slots(tmp_path: Path):
     """search.fuse: the trials of a chunk of fuse slots go to one worker as one task (split by
     architecture: model.args.hidden is searched), the same tasks and table with any slot count."""
-    runs = {slots: sweep(tmp_path / str(slots), "search.batch_size=4", "search.fuse=2", slots=slots, budget=8)
-            for slots in (1, 3)}
+    runs = {
+        slots: sweep(tmp_path / str(slots), "search.batch_size=4", "search.fuse=2", slots=slots, budget=8)
+        for slots in (1, 3)
+    }
     (one, one_events), (three, three_events) = runs[1], runs[3]
     assert table(one) == table(three)
     assert sorted(map(sorted, one_events.tasks)) == sorted(map(sorted, three_events.tasks))

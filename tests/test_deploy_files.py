@@ -11,8 +11,9 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -81,6 +82,7 @@ def pod_templates() -> dict[str, dict[str, Any]]:
 
 # --- compose -----------------------------------------------------------------------------------
 
+
 def test_compose_file_follows_the_compose_specification():
     result = compose_validate(COMPOSE)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -126,8 +128,12 @@ def test_compose_services_have_health_checks_restart_policies_and_wait_for_healt
     assert "container_name" not in worker  # --scale worker=N needs generated names
     assert services["sweep"]["command"][:2] == ["run", "/spec/spec.yaml"]
     mlflow = " ".join(services["mlflow"]["command"])
-    for option in ("--app-name=basic-auth", "--allowed-hosts=", "--backend-store-uri=postgresql+psycopg://",
-                   "--artifacts-destination=s3://"):
+    for option in (
+        "--app-name=basic-auth",
+        "--allowed-hosts=",
+        "--backend-store-uri=postgresql+psycopg://",
+        "--artifacts-destination=s3://",
+    ):
         assert option in mlflow
     assert "--no-serve-artifacts" not in mlflow  # proxied: only the server holds the S3 keys
 
@@ -137,8 +143,9 @@ def test_compose_takes_every_secret_from_env_and_env_is_ignored_by_git():
     for name, service in tree["services"].items():
         for key, value in service.get("environment", {}).items():
             if SECRET_NAME.search(key):
-                assert REQUIRED_VAR.fullmatch(str(value)), \
+                assert REQUIRED_VAR.fullmatch(str(value)), (
                     f"{name}: {key} must come from .env as ${{VAR:?...}}, not {value!r}"
+                )
         # workers and the sweep hold no S3 keys and no store URL: artifacts go through the server
         if name in ("worker", "sweep"):
             assert not any(k.startswith("AWS_") for k in service["environment"]), name
@@ -154,8 +161,9 @@ def env_example() -> dict[str, str]:
 
 def test_env_example_defines_every_variable_compose_uses():
     # from the parsed file (comments may mention ${VAR}); $$ is compose's escape for a literal $
-    used = {name for _, value in strings(compose())
-            for name in re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", value)}
+    used = {
+        name for _, value in strings(compose()) for name in re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", value)
+    }
     assert used, "compose.yaml uses no variables?"
     defined = env_example()
     assert sorted(used - set(defined)) == []
@@ -196,6 +204,7 @@ def test_the_configmap_spec_loads_for_both_backends(tmp_path: Path):
 
 # --- Kubernetes --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", MANIFESTS)
 def test_manifest_validates_strictly_against_kubernetes(name: str):
     result = kubernetes_validate(K8S / name)
@@ -217,11 +226,17 @@ def test_a_misspelt_field_in_a_manifest_is_refused(tmp_path: Path):
 @pytest.mark.parametrize("name", ["head", "worker-group-0"])
 def test_rayjob_pod_templates_validate_as_pods(name: str, tmp_path: Path):
     cluster = rayjob()["spec"]["rayClusterSpec"]
-    groups = {"head": cluster["headGroupSpec"],
-              **{f"worker-group-{i}": g for i, g in enumerate(cluster["workerGroupSpecs"])}}
+    groups = {
+        "head": cluster["headGroupSpec"],
+        **{f"worker-group-{i}": g for i, g in enumerate(cluster["workerGroupSpecs"])},
+    }
     template = groups[name]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {**template.get("metadata", {}), "name": f"rayjob-{name}"}, "spec": template["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template.get("metadata", {}), "name": f"rayjob-{name}"},
+        "spec": template["spec"],
+    }
     path = tmp_path / f"pod-{name}.yaml"
     path.write_text(yaml.safe_dump(pod))
     result = kubernetes_validate(path)
@@ -254,8 +269,10 @@ def test_no_service_is_exposed_outside_the_cluster():
                     assert value not in ("LoadBalancer", "NodePort"), (path.name, keys)
             if doc.get("kind") == "Service":
                 assert doc["spec"].get("type", "ClusterIP") == "ClusterIP", path.name
-        assert not re.search(r"\b(LoadBalancer|NodePort)\b", "\n".join(
-            line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))), path.name
+        assert not re.search(
+            r"\b(LoadBalancer|NodePort)\b",
+            "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")),
+        ), path.name
 
 
 def test_pods_run_as_non_root_on_a_read_only_root_with_secrets_from_secrets():
@@ -290,13 +307,17 @@ def test_kustomization_lists_every_manifest_and_names_the_kubernetes_version():
 
 # --- Ray ---------------------------------------------------------------------------------------
 
+
 def test_ray_cluster_launcher_config_passes_rays_validator():
     # what `ray up` does before it touches a machine; in a subprocess: importing ray here would fix
     # this process's Ray auth mode before tests/test_ray.py sets its token (Ray reads it once)
-    check = ("import sys, yaml\nfrom ray.autoscaler._private.util import prepare_config, validate_config\n"
-             "validate_config(prepare_config(yaml.safe_load(open(sys.argv[1]))))\n")
-    result = subprocess.run([sys.executable, "-c", check, str(DEPLOY / "ray" / "cluster.yaml")], capture_output=True,
-                            text=True, timeout=120)
+    check = (
+        "import sys, yaml\nfrom ray.autoscaler._private.util import prepare_config, validate_config\n"
+        "validate_config(prepare_config(yaml.safe_load(open(sys.argv[1]))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check, str(DEPLOY / "ray" / "cluster.yaml")], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     config = yaml.safe_load((DEPLOY / "ray" / "cluster.yaml").read_text())
     head = " ".join(config["head_start_ray_commands"])
@@ -327,6 +348,7 @@ def test_nothing_in_deploy_listens_on_all_interfaces_but_compose_services_in_the
 
 # --- the image ---------------------------------------------------------------------------------
 
+
 def constraints() -> dict[str, str]:
     pins = {}
     for line in (DEPLOY / "constraints.txt").read_text().splitlines():
@@ -341,8 +363,9 @@ def image_requirements() -> list[str]:
     text = (DEPLOY / "Dockerfile").read_text()
     script = re.search(r"^RUN python - > requirements\.txt <<'EOF'\n(.*?)^EOF$", text, re.M | re.S)
     assert script, "the Dockerfile's requirements script"
-    result = subprocess.run([sys.executable, "-"], input=script.group(1), cwd=REPO, capture_output=True,
-                            text=True, timeout=60, check=True)
+    result = subprocess.run(
+        [sys.executable, "-"], input=script.group(1), cwd=REPO, capture_output=True, text=True, timeout=60, check=True
+    )
     return result.stdout.split()
 
 
@@ -357,14 +380,16 @@ def test_constraints_pin_what_pyproject_allows_and_what_the_tests_run_with():
         requirement = Requirement(line)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not pinned in deploy/constraints.txt"
-        assert requirement.specifier.contains(pins[name], prereleases=True), \
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"{name}=={pins[name]} is not in {requirement}"
+        )
     assert "sweeper" not in pins
     # the image runs what the suite tested where the choice matters most; the others need only be
     # allowed by pyproject.toml (a registry's newer patch release must not turn CI red)
     for name in ("torch", "torchvision", "mlflow", "ray"):
-        assert pins[name] == metadata.version(name), \
+        assert pins[name] == metadata.version(name), (
             f"{name}: pinned {pins[name]}, tested with {metadata.version(name)}"
+        )
 
 
 def test_dockerfile_builds_from_the_pins_as_a_non_root_image():

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
-
 from conftest import children, wait_for
+from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer, free_port, stop_group
 from pg import pg_database
 from test_distributed import count, finish, gated, start, trials
@@ -30,7 +29,11 @@ from test_distributed import count, finish, gated, start, trials
 COMPOSE = Path(__file__).resolve().parents[1] / "deploy" / "compose"
 BUCKET = "sweeper"
 # moto accepts any key pair; the MLflow server is the only process that holds them (as in compose)
-S3_KEYS = {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+S3_KEYS = {
+    "AWS_ACCESS_KEY_ID": "rehearsal",
+    "AWS_SECRET_ACCESS_KEY": "rehearsal-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 def compose_mlflow_options() -> tuple[str, ...]:
@@ -63,8 +66,9 @@ def answers(url: str, auth: tuple[str, str] | None = None, host: str | None = No
 
 def serve(workdir: Path, name: str, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(workdir / f"{name}.log", "w")
-    return subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+    return subprocess.Popen(
+        list(command), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+    )
 
 
 def stop(*procs: subprocess.Popen | None) -> None:
@@ -83,8 +87,12 @@ def s3(workdir: Path):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: answers(url) is not None, proc, timeout=120, what="the S3 server answering")
-        client = boto3.client("s3", endpoint_url=url, **{k.lower(): v for k, v in S3_KEYS.items()
-                                                          if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=url,
+            **{k.lower(): v for k, v in S3_KEYS.items() if k != "AWS_DEFAULT_REGION"},
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket=BUCKET)
         yield url, client
     finally:
@@ -101,15 +109,28 @@ def test_the_compose_topology_runs_one_sweep_end_to_end(workdir: Path, gate: Pat
         assert "--app-name=basic-auth" in options and any(o.startswith("--allowed-hosts=") for o in options)
         auth_ini = workdir / "auth.ini"
         auth_ini.write_text(compose_auth_ini(store))
-        server = MlflowServer(workdir, backend=store, artifacts=f"s3://{BUCKET}/artifacts", args=options,
-                              env={**S3_KEYS, "MLFLOW_S3_ENDPOINT_URL": s3_url, "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini),
-                                   "MLFLOW_AUTH_ADMIN_USERNAME": "admin", "MLFLOW_AUTH_ADMIN_PASSWORD": password,
-                                   "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)})  # CSRF tokens
+        server = MlflowServer(
+            workdir,
+            backend=store,
+            artifacts=f"s3://{BUCKET}/artifacts",
+            args=options,
+            env={
+                **S3_KEYS,
+                "MLFLOW_S3_ENDPOINT_URL": s3_url,
+                "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini),
+                "MLFLOW_AUTH_ADMIN_USERNAME": "admin",
+                "MLFLOW_AUTH_ADMIN_PASSWORD": password,
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+            },
+        )  # CSRF tokens
         server.start()
         try:
             # the sweep's processes: tracking server and credentials only (no S3 keys, no MLflow store URL)
-            clients = {"MLFLOW_TRACKING_URI": server.url, "MLFLOW_TRACKING_USERNAME": "admin",
-                       "MLFLOW_TRACKING_PASSWORD": password}
+            clients = {
+                "MLFLOW_TRACKING_URI": server.url,
+                "MLFLOW_TRACKING_USERNAME": "admin",
+                "MLFLOW_TRACKING_PASSWORD": password,
+            }
             for key, value in clients.items():
                 monkeypatch.setenv(key, value)
             for key in S3_KEYS:
@@ -120,8 +141,16 @@ def test_the_compose_topology_runs_one_sweep_end_to_end(workdir: Path, gate: Pat
             # the dashboard reads the study's tables, which the sweep's first process creates
             # (in compose it restarts until they exist)
             dashboard_port = free_port()
-            dashboard = serve(workdir, "dashboard", str(Path(sys.executable).parent / "optuna-dashboard"), studies,
-                              "--host", "127.0.0.1", "--port", str(dashboard_port))
+            dashboard = serve(
+                workdir,
+                "dashboard",
+                str(Path(sys.executable).parent / "optuna-dashboard"),
+                studies,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(dashboard_port),
+            )
             b = start(workdir, "worker", str(spec), "--out", "b", "-q", log="b")
             wait_for(lambda: count(studies, "COMPLETE", "PRUNED") == 3, b, what="worker b finishing trials 1-3")
             run = start(workdir, "run", str(spec), "--out", "r", "-q", log="run")
@@ -138,8 +167,11 @@ def test_the_compose_topology_runs_one_sweep_end_to_end(workdir: Path, gate: Pat
             assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}
             assert len({t.system_attrs["sweeper_owner"] for t in trials(studies)}) >= 2  # by several processes
             # checkpoints and the exported model went through the server into the bucket
-            keys = [o["Key"] for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
-                    for o in page.get("Contents", [])]
+            keys = [
+                o["Key"]
+                for page in bucket.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+                for o in page.get("Contents", [])
+            ]
             assert any("/checkpoint/trial-" in k for k in keys), keys
             assert any(k.endswith("model.torchscript.pt") for k in keys), keys
             exported = summary["export"]["formats"][0]
@@ -155,8 +187,12 @@ def test_the_compose_topology_runs_one_sweep_end_to_end(workdir: Path, gate: Pat
             # --allowed-hosts: a request naming another host (DNS rebinding) is refused
             assert answers(search, ("admin", password), host="attacker.example") == 403
             # optuna-dashboard answers on loopback with the study
-            wait_for(lambda: answers(f"http://127.0.0.1:{dashboard_port}/api/studies") == 200, dashboard,
-                     timeout=120, what="optuna-dashboard answering")
+            wait_for(
+                lambda: answers(f"http://127.0.0.1:{dashboard_port}/api/studies") == 200,
+                dashboard,
+                timeout=120,
+                what="optuna-dashboard answering",
+            )
             with urllib.request.urlopen(f"http://127.0.0.1:{dashboard_port}/api/studies", timeout=10) as response:
                 names = [s["study_name"] for s in json.loads(response.read())["study_summaries"]]
             assert "smoke" in names

@@ -13,17 +13,20 @@ from pathlib import Path
 
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import TIMING, children, make_dist, sweeper, wait_for, write_spec
+from mlflow.tracking import MlflowClient
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 
 
 def start(workdir: Path, *args: str, env: dict[str, str] | None = None, log: str = "proc") -> subprocess.Popen:
     """The real CLI in the background; its output goes to <log>.log (read when it fails)."""
     out = open(workdir / f"{log}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "sweeper", *args], stdout=out, stderr=subprocess.STDOUT,
-                            env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweeper", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
 
 
 def finish(proc: subprocess.Popen, workdir: Path, log: str = "proc") -> None:
@@ -52,23 +55,32 @@ def count(url: str, *states: str) -> int:
 
 def table(summary: dict) -> list:
     """What must not depend on how many processes ran the sweep (lost attempts aside)."""
-    return sorted((json.dumps(t["params"], sort_keys=True), t["state"], t["seed"],
-                   [{k: v for k, v in h.items() if k not in TIMING} for h in t["history"]])
-                  for t in summary["trials"] if not (t["reason"] or "").startswith("interrupted"))
+    return sorted(
+        (
+            json.dumps(t["params"], sort_keys=True),
+            t["state"],
+            t["seed"],
+            [{k: v for k, v in h.items() if k not in TIMING} for h in t["history"]],
+        )
+        for t in summary["trials"]
+        if not (t["reason"] or "").startswith("interrupted")
+    )
 
 
 def gated(workdir: Path, folder: Path, experiment: str | None, **search: object) -> Path:
     """The smoke spec whose first trial stops at the start of epoch 2 until ``folder``/release
     exists; tracked in MLflow ``experiment`` (None: not tracked, a faster start)."""
     tracking = {"experiment": experiment} if experiment else {"enabled": False}
-    return write_spec(workdir / f"{experiment or 'untracked'}.yaml", tracking=tracking,
-                      schedule={"plugin": "gate", "args": {"folder": str(folder), "epoch": 2}},
-                      search={**_smoke_search(), **search})
+    return write_spec(
+        workdir / f"{experiment or 'untracked'}.yaml",
+        tracking=tracking,
+        schedule={"plugin": "gate", "args": {"folder": str(folder), "epoch": 2}},
+        search={**_smoke_search(), **search},
+    )
 
 
 def _smoke_search() -> dict:
     import yaml
-
     from conftest import SPACES
 
     return yaml.safe_load((SPACES / "smoke.yaml").read_text())["search"]
@@ -80,13 +92,23 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     the table that every many-process run below must reproduce (its first 4 trials are batch 1)."""
     root = tmp_path_factory.mktemp("reference")
     source = (Path(__file__).parent / "plugins" / "sweeper_test_gate.py").read_text()
-    make_dist(root / "site", "sweeper-test-gate", "1.0", {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
-              {"sweeper_test_gate.py": source})
+    make_dist(
+        root / "site",
+        "sweeper-test-gate",
+        "1.0",
+        {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
+        {"sweeper_test_gate.py": source},
+    )
     (root / "gate").mkdir()
     (root / "gate" / "release").touch()
     spec = gated(root, root / "gate", None, n_trials=8)
-    subprocess.run([sys.executable, "-m", "sweeper", "run", str(spec), "--out", "out", "-q"],
-                   cwd=root, env={**os.environ, "PYTHONPATH": str(root / "site")}, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "sweeper", "run", str(spec), "--out", "out", "-q"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root / "site")},
+        check=True,
+        capture_output=True,
+    )
     return json.loads((root / "out" / "summary.json").read_text())
 
 
@@ -94,8 +116,9 @@ def first(summary: dict, n: int) -> dict:
     return {**summary, "trials": [t for t in summary["trials"] if t["number"] < n]}
 
 
-def test_two_workers_share_one_study_with_the_table_of_one_process(workdir: Path, gate: Path, pg_url: str,
-                                                                   mlflow_uri: str, reference: dict):
+def test_two_workers_share_one_study_with_the_table_of_one_process(
+    workdir: Path, gate: Path, pg_url: str, mlflow_uri: str, reference: dict
+):
     spec = gated(workdir, gate, "two-workers", storage=pg_url, n_trials=8)
     a = start(workdir, "worker", str(spec), "--out", "a", "-q", log="a")
     wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
@@ -131,8 +154,9 @@ def test_two_workers_share_one_study_with_the_table_of_one_process(workdir: Path
     assert "error" not in later and later["val_acc"] == summary["best"]["value"]
 
 
-def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(workdir: Path, gate: Path, pg_url: str,
-                                                                   mlflow_uri: str, reference: dict):
+def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(
+    workdir: Path, gate: Path, pg_url: str, mlflow_uri: str, reference: dict
+):
     spec = gated(workdir, gate, "killed-worker", storage=pg_url, n_trials=4)
     # another "machine": its pid means nothing here, so only its lease can tell that it stopped
     a = start(workdir, "worker", str(spec), "--out", "a", "-q", env={"SWEEPER_HOST": "machine-a"}, log="a")
@@ -163,8 +187,9 @@ def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(workdir: Path
     assert client.get_run(retry["mlflow_run_id"]).data.tags["sweeper.retry_of"] == "0"
 
 
-def test_the_first_process_killed_the_worker_goes_on_and_a_restart_joins(workdir: Path, gate: Path, pg_url: str,
-                                                                         reference: dict):
+def test_the_first_process_killed_the_worker_goes_on_and_a_restart_joins(
+    workdir: Path, gate: Path, pg_url: str, reference: dict
+):
     shared = workdir / "shared"  # a folder every machine mounts: where checkpoints are published
     spec = gated(workdir, gate, None, storage=pg_url, n_trials=8, artifact_root=str(shared))
     first = start(workdir, "run", str(spec), "--out", "r", "-q", log="first")
@@ -208,8 +233,11 @@ def test_status_shows_who_holds_what_and_stop_lets_running_trials_finish(workdir
 
 
 def test_budget_is_spent_exactly_once_without_batches(workdir: Path, pg_url: str):
-    spec = write_spec(workdir / "s.yaml", tracking={"enabled": False},
-                      search={**_smoke_search(), "storage": pg_url, "reproducible": False, "n_trials": 6})
+    spec = write_spec(
+        workdir / "s.yaml",
+        tracking={"enabled": False},
+        search={**_smoke_search(), "storage": pg_url, "reproducible": False, "n_trials": 6},
+    )
     procs = [start(workdir, "worker", str(spec), "--out", f"w{i}", "-q", log=f"w{i}") for i in range(2)]
     for i, proc in enumerate(procs):
         finish(proc, workdir, f"w{i}")

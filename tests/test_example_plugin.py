@@ -13,6 +13,7 @@ import sysconfig
 from pathlib import Path
 
 from conftest import REPO
+
 from sweeper.pluginhost import registry
 
 EXAMPLE = REPO / "examples" / "sweeper-plugin-example"
@@ -20,8 +21,14 @@ DIST = "sweeper-plugin-example"
 
 
 def run(*cmd: object, cwd: Path) -> str:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -43,20 +50,37 @@ def test_example_package_in_a_fresh_venv(tmp_path: Path, workdir: Path):
     assert where.startswith(str(target))  # installed into the new venv ...
     assert "gated_mlp" not in {p.name for p in registry.list_plugins()}  # ... and only there
 
-    rows = [line.split("│")[1:6] for line in run(python, "-m", "sweeper", "plugins", cwd=workdir).splitlines()
-            if DIST in line]
+    rows = [
+        line.split("│")[1:6]
+        for line in run(python, "-m", "sweeper", "plugins", cwd=workdir).splitlines()
+        if DIST in line
+    ]
     assert sorted(tuple(c.strip() for c in r[:4]) for r in rows) == [
-        ("datasets", "spirals", DIST, "0.1.0"), ("models", "gated_mlp", DIST, "0.1.0"),
-        ("optimizers", "lion", DIST, "0.1.0"), ("search_spaces", "spirals", DIST, "0.1.0")]
+        ("datasets", "spirals", DIST, "0.1.0"),
+        ("models", "gated_mlp", DIST, "0.1.0"),
+        ("optimizers", "lion", DIST, "0.1.0"),
+        ("search_spaces", "spirals", DIST, "0.1.0"),
+    ]
     shown = " ".join(run(python, "-m", "sweeper", "plugins", "show", "lion", cwd=workdir).split())
     assert "lr 0.0001 float" in shown and "beta1 0.9 float" in shown and "plugin API 1" in shown
 
     run(python, "-m", "sweeper", "init", "--from", "spirals", cwd=workdir)
     provenance = run(python, "-m", "sweeper", "validate", "spirals.yaml", cwd=workdir)
-    assert (f"dataset.spirals={DIST}==0.1.0, model.gated_mlp={DIST}==0.1.0, optimizer.lion={DIST}==0.1.0"
-            in provenance)
-    run(python, "-m", "sweeper", "run", "spirals.yaml", "search.n_trials=2", "train.epochs=2",
-        "tracking.enabled=false", "--quiet", "--out", "out", cwd=workdir)
+    assert f"dataset.spirals={DIST}==0.1.0, model.gated_mlp={DIST}==0.1.0, optimizer.lion={DIST}==0.1.0" in provenance
+    run(
+        python,
+        "-m",
+        "sweeper",
+        "run",
+        "spirals.yaml",
+        "search.n_trials=2",
+        "train.epochs=2",
+        "tracking.enabled=false",
+        "--quiet",
+        "--out",
+        "out",
+        cwd=workdir,
+    )
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     assert summary["counts"] == {"complete": 2}
     assert [summary["spec"][s]["plugin"] for s in ("dataset", "model", "optimizer")] == ["spirals", "gated_mlp", "lion"]

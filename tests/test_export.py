@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import sweeper, write_spec
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from conftest import sweeper, write_spec
 from sweeper.plugin import DataSplits
 from sweeper.spec import ExportSpec
 
@@ -55,11 +55,17 @@ def eager_model(out: Path, data: DataSplits) -> nn.Module:
 @pytest.mark.parametrize("arch", list(ARCH))
 def test_sweep_exports_verified_files_and_registers_the_model(arch: str, workdir: Path, mlflow_uri: str):
     name = f"export-{arch}"
-    spec = write_spec(workdir / "s.yaml", model={"plugin": arch, "args": ARCH[arch]},
-                      dataset={"plugin": "synthetic", "args": {"num_train": 128, "num_val": 64,
-                                                               "input_shape": [1, 8, 8], "num_classes": 3}},
-                      search={"n_trials": 1, "space": {}}, tracking={"experiment": name},
-                      export={"formats": ["torchscript", "pt2", "onnx"], "registered_name": name})
+    spec = write_spec(
+        workdir / "s.yaml",
+        model={"plugin": arch, "args": ARCH[arch]},
+        dataset={
+            "plugin": "synthetic",
+            "args": {"num_train": 128, "num_val": 64, "input_shape": [1, 8, 8], "num_classes": 3},
+        },
+        search={"n_trials": 1, "space": {}},
+        tracking={"experiment": name},
+        export={"formats": ["torchscript", "pt2", "onnx"], "registered_name": name},
+    )
     sweeper("run", str(spec), "train.epochs=1", "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     report = json.loads((workdir / "out" / "export.json").read_text())
@@ -114,16 +120,25 @@ def test_champion_moves_only_to_a_better_version(workdir: Path, mlflow_uri: str)
     from sweeper_plugins.models import mlp
 
     data = synthetic(num_train=8, num_val=8, input_shape=(1, 4, 4), num_classes=3)
-    spec = SweepSpec.model_validate({
-        "name": "champ", "dataset": {"plugin": "synthetic"}, "model": {"plugin": "mlp"},
-        "optimizer": {"plugin": "adam"}, "export": {"registered_name": "champion-test"}})
+    spec = SweepSpec.model_validate(
+        {
+            "name": "champ",
+            "dataset": {"plugin": "synthetic"},
+            "model": {"plugin": "mlp"},
+            "optimizer": {"plugin": "adam"},
+            "export": {"registered_name": "champion-test"},
+        }
+    )
     client = MlflowClient(mlflow_uri)
     exp = client.create_experiment("champion-test")
     results = []
     for value in (0.5, 0.4, 0.7):  # val_acc, maximized
         run = client.create_run(exp).info.run_id
-        results.append(publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec,
-                                        mlflow_uri, run, {"val_acc": value}))
+        results.append(
+            publish.register(
+                mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, {"val_acc": value}
+            )
+        )
     assert [(r["version"], r["champion"]) for r in results] == [(1, True), (2, False), (3, True)]
     assert "does not beat champion version 1" in results[1]["reason"]
     assert client.get_model_version_by_alias("champion-test", "champion").version == 3
@@ -138,19 +153,30 @@ def test_a_multi_objective_champion_moves_when_export_choose_picks_the_new_model
     from sweeper_plugins.models import mlp
 
     data = synthetic(num_train=8, num_val=8, input_shape=(1, 4, 4), num_classes=3)
-    spec = SweepSpec.model_validate({
-        "name": "front", "dataset": {"plugin": "synthetic"}, "model": {"plugin": "mlp"},
-        "optimizer": {"plugin": "adam"}, "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
-        "export": {"registered_name": "front-test", "choose": {"prefer": "params", "within": {"val_acc": 0.01}}}})
+    spec = SweepSpec.model_validate(
+        {
+            "name": "front",
+            "dataset": {"plugin": "synthetic"},
+            "model": {"plugin": "mlp"},
+            "optimizer": {"plugin": "adam"},
+            "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+            "export": {"registered_name": "front-test", "choose": {"prefer": "params", "within": {"val_acc": 0.01}}},
+        }
+    )
     client = MlflowClient(mlflow_uri)
     exp = client.create_experiment("front-test")
     results = []
     # a smaller model as accurate (picked), a smaller one far less accurate (not), a bigger one (not)
-    for values in ({"val_acc": 0.90, "params": 900.0}, {"val_acc": 0.895, "params": 500.0},
-                   {"val_acc": 0.70, "params": 100.0}, {"val_acc": 0.95, "params": 5000.0}):
+    for values in (
+        {"val_acc": 0.90, "params": 900.0},
+        {"val_acc": 0.895, "params": 500.0},
+        {"val_acc": 0.70, "params": 100.0},
+        {"val_acc": 0.95, "params": 5000.0},
+    ):
         run = client.create_run(exp).info.run_id
-        results.append(publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec,
-                                        mlflow_uri, run, values))
+        results.append(
+            publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, values)
+        )
     assert [r["champion"] for r in results] == [True, True, False, True]
     assert "export.choose does not pick val_acc=0.7, params=100 over champion version 2" in results[2]["reason"]
     assert client.get_model_version_by_alias("front-test", "champion").version == 4
@@ -176,8 +202,14 @@ class GatedVarargs(Gated):
 
 
 def gated_data(val_x: torch.Tensor) -> DataSplits:
-    return DataSplits(train_x=val_x, train_y=torch.zeros(len(val_x), dtype=torch.int64), val_x=val_x,
-                      val_y=torch.zeros(len(val_x), dtype=torch.int64), num_classes=3, class_names=("x", "y", "z"))
+    return DataSplits(
+        train_x=val_x,
+        train_y=torch.zeros(len(val_x), dtype=torch.int64),
+        val_x=val_x,
+        val_y=torch.zeros(len(val_x), dtype=torch.int64),
+        num_classes=3,
+        class_names=("x", "y", "z"),
+    )
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit:FutureWarning")
@@ -227,8 +259,12 @@ def test_int8_quantization_measures_the_accuracy_change(workdir: Path):
 
     torch.manual_seed(0)
     data = digits()
-    report = export_model(mlp(input_shape=data.input_shape, num_classes=10, hidden=32), data, workdir,
-                          ExportSpec(formats=["onnx"], quantize=True))
+    report = export_model(
+        mlp(input_shape=data.input_shape, num_classes=10, hidden=32),
+        data,
+        workdir,
+        ExportSpec(formats=["onnx"], quantize=True),
+    )
     onnx, int8 = report["formats"]
     assert "error" not in onnx and "error" not in int8
     assert int8["path"].endswith("model.int8.onnx") and int8["max_abs_diff"] > 0  # int8 is not fp32
@@ -238,11 +274,14 @@ def test_int8_quantization_measures_the_accuracy_change(workdir: Path):
 
 
 def test_export_a_trial_later_and_predict_with_the_file(workdir: Path, mlflow_uri: str):
-    spec = write_spec(workdir / "s.yaml", dataset={"plugin": "digits", "args": {"val_fraction": 0.2}},
-                      model={"plugin": "mlp", "args": {"hidden": 16}}, search={"n_trials": 2, "space": {
-                          "optimizer.args.lr": {"type": "categorical", "choices": [1.0e-2, 1.0e-3]}}},
-                      tracking={"experiment": "export-later"},
-                      export={"formats": ["torchscript"], "keep_checkpoints": "all"})
+    spec = write_spec(
+        workdir / "s.yaml",
+        dataset={"plugin": "digits", "args": {"val_fraction": 0.2}},
+        model={"plugin": "mlp", "args": {"hidden": 16}},
+        search={"n_trials": 2, "space": {"optimizer.args.lr": {"type": "categorical", "choices": [1.0e-2, 1.0e-3]}}},
+        tracking={"experiment": "export-later"},
+        export={"formats": ["torchscript"], "keep_checkpoints": "all"},
+    )
     sweeper("run", str(spec), "train.epochs=1", "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     other = next(t for t in summary["trials"] if t["number"] != summary["best"]["number"])

@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
 from conftest import SPACES, make_dist, sweeper, write_spec
+
 from sweeper.search import faults
 from sweeper.search.pool import death
 from sweeper.spec import load
@@ -22,10 +22,19 @@ from sweeper.track.records import TrialRecord
 @pytest.fixture
 def faulty(site: Path) -> None:
     source = (Path(__file__).parent / "plugins" / "sweeper_test_faults.py").read_text()
-    make_dist(site, "sweeper-test-faults", "1.0",
-              {"sweeper.models": {"greedy": "sweeper_test_faults:greedy", "broken": "sweeper_test_faults:broken",
-                                  "faulting": "sweeper_test_faults:faulting"}},
-              {"sweeper_test_faults.py": source})
+    make_dist(
+        site,
+        "sweeper-test-faults",
+        "1.0",
+        {
+            "sweeper.models": {
+                "greedy": "sweeper_test_faults:greedy",
+                "broken": "sweeper_test_faults:broken",
+                "faulting": "sweeper_test_faults:faulting",
+            }
+        },
+        {"sweeper_test_faults.py": source},
+    )
     from sweeper.pluginhost import registry
 
     registry.refresh()
@@ -35,11 +44,18 @@ def _trials(out: Path, name: str = "smoke") -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'optuna.db'}").get_trials()
 
 
-def test_the_first_trials_failing_alike_stop_the_sweep_and_a_fixed_rerun_resumes(workdir: Path, site: Path,
-                                                                                  faulty: None):
-    spec = write_spec(workdir / "spec.yaml", model={"plugin": "broken", "args": {}},
-                      search={**yaml.safe_load((SPACES / "smoke.yaml").read_text())["search"], "n_trials": 12,
-                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}})
+def test_the_first_trials_failing_alike_stop_the_sweep_and_a_fixed_rerun_resumes(
+    workdir: Path, site: Path, faulty: None
+):
+    spec = write_spec(
+        workdir / "spec.yaml",
+        model={"plugin": "broken", "args": {}},
+        search={
+            **yaml.safe_load((SPACES / "smoke.yaml").read_text())["search"],
+            "n_trials": 12,
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+        },
+    )
     stopped = sweeper("run", str(spec), "--out", "out", "-q")
     assert stopped.returncode == 1, stopped.stderr
     message = " ".join(stopped.stderr.split())
@@ -60,9 +76,16 @@ def test_the_first_trials_failing_alike_stop_the_sweep_and_a_fixed_rerun_resumes
 
 
 def test_a_trial_out_of_memory_is_retried_with_smaller_micro_batches(workdir: Path, faulty: None):
-    spec = write_spec(workdir / "spec.yaml", model={"plugin": "greedy", "args": {"fits": 8}},
-                      search={"sampler": "nsga2", "population": 2, "n_trials": 1, "space": {
-                          "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}}})
+    spec = write_spec(
+        workdir / "spec.yaml",
+        model={"plugin": "greedy", "args": {"fits": 8}},
+        search={
+            "sampler": "nsga2",
+            "population": 2,
+            "n_trials": 1,
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}},
+        },
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     attempts = summary["trials"]
@@ -82,14 +105,17 @@ def test_a_trial_out_of_memory_is_retried_with_smaller_micro_batches(workdir: Pa
 
 
 def test_out_of_memory_is_not_retried_past_the_limit(workdir: Path, faulty: None):
-    spec = write_spec(workdir / "spec.yaml", model={"plugin": "greedy", "args": {"fits": 4}},
-                      search={"sampler": "random", "n_trials": 1, "max_retries": 1, "max_failures_in_a_row": 0,
-                              "space": {}})
+    spec = write_spec(
+        workdir / "spec.yaml",
+        model={"plugin": "greedy", "args": {"fits": 4}},
+        search={"sampler": "random", "n_trials": 1, "max_retries": 1, "max_failures_in_a_row": 0, "space": {}},
+    )
     run = sweeper("run", str(spec), "--out", "out", "-q")
     assert run.returncode == 1  # no trial completed
     reasons = [t.user_attrs["sweeper"]["reason"] for t in _trials(workdir / "out")]
-    assert len(reasons) == 2 and reasons[1].endswith("not retried (search.max_retries, or train.accumulate is "
-                                                     "train.batch_size already)")
+    assert len(reasons) == 2 and reasons[1].endswith(
+        "not retried (search.max_retries, or train.accumulate is train.batch_size already)"
+    )
 
 
 def _record(number: int, state: str, reason: str | None = None) -> TrialRecord:
@@ -116,11 +142,20 @@ def test_a_dead_worker_says_why():
 
 
 def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None, mlflow_uri: str):
-    spec = write_spec(workdir / "spec.yaml", name="ray-breaker", model={"plugin": "broken", "args": {}},
-                      train={"epochs": 2, "batch_size": 32},
-                      search={"backend": "ray", "sampler": "random", "n_trials": 8, "resources": {"cpu": 1},
-                              "ray": {"num_cpus": 1, "max_concurrent_trials": 1},
-                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1}}})
+    spec = write_spec(
+        workdir / "spec.yaml",
+        name="ray-breaker",
+        model={"plugin": "broken", "args": {}},
+        train={"epochs": 2, "batch_size": 32},
+        search={
+            "backend": "ray",
+            "sampler": "random",
+            "n_trials": 8,
+            "resources": {"cpu": 1},
+            "ray": {"num_cpus": 1, "max_concurrent_trials": 1},
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1}},
+        },
+    )
     stopped = sweeper("run", str(spec), "--out", "out", "-q")
     assert stopped.returncode == 1, stopped.stderr
     message = " ".join(stopped.stderr.split())
@@ -133,12 +168,15 @@ def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None, mlflow_u
 
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("ray-breaker").experiment_id
-    pids = [r.data.tags["sweeper.pid"] for r in client.search_runs([experiment]) if "sweeper.ray_trial_id" in r.data.tags]
+    pids = [
+        r.data.tags["sweeper.pid"] for r in client.search_runs([experiment]) if "sweeper.ray_trial_id" in r.data.tags
+    ]
     assert len(pids) == 3 and len(set(pids)) == 3, pids
 
 
 def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workdir: Path, faulty: None):
     from conftest import config
+
     from sweeper.search.pool import ProcessPool
 
     faulting = config("model={plugin: faulting, args: {}}", "search.space={}", epochs=1)
@@ -155,10 +193,12 @@ def test_a_lost_cuda_context_replaces_the_worker_and_stops_an_inline_sweep(workd
     finally:
         pool.close()
 
-    spec = write_spec(workdir / "spec.yaml", model={"plugin": "faulting", "args": {}},
-                      search={"sampler": "random", "n_trials": 4, "space": {}})
+    spec = write_spec(
+        workdir / "spec.yaml",
+        model={"plugin": "faulting", "args": {}},
+        search={"sampler": "random", "n_trials": 4, "space": {}},
+    )
     stopped = sweeper("run", str(spec), "--out", "out", "-q")
     assert stopped.returncode == 1
     assert "trial 0 broke this process's CUDA context" in " ".join(stopped.stderr.split())
     assert [t.state.name for t in _trials(workdir / "out")][:1] == ["FAIL"]
-

@@ -8,13 +8,13 @@ import copy
 
 import pytest
 import torch
+from conftest import config, learned
 from torch import nn
 from torch.nn import functional as F
 
-from conftest import config, learned
 from sweeper.errors import TrialPruned
-from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial import fused_forward
+from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.fused import fit_fused, why_not_fused
 from sweeper.trial.fused_optim import why_not_stacked
 
@@ -33,10 +33,19 @@ def member(number: int, *overrides: str) -> TrialConfig:
 def mixed(*common: str) -> list[TrialConfig]:
     """Three members that differ in every per-member setting: optimizer, its settings, schedule,
     label smoothing, gradient clipping, seed."""
-    return [member(0, *common, "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.9, nesterov: true}}",
-                   "train.label_smoothing=0.1", "train.grad_clip=1.0"),
-            member(1, *common, "optimizer={plugin: adamw, args: {lr: 0.003, weight_decay: 0.01}}"),
-            member(2, *common, "optimizer={plugin: adam, args: {lr: 0.01, betas: [0.8, 0.99]}}", "schedule.plugin=onecycle")]
+    return [
+        member(
+            0,
+            *common,
+            "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.9, nesterov: true}}",
+            "train.label_smoothing=0.1",
+            "train.grad_clip=1.0",
+        ),
+        member(1, *common, "optimizer={plugin: adamw, args: {lr: 0.003, weight_decay: 0.01}}"),
+        member(
+            2, *common, "optimizer={plugin: adam, args: {lr: 0.01, betas: [0.8, 0.99]}}", "schedule.plugin=onecycle"
+        ),
+    ]
 
 
 def assert_matches_solo(config: TrialConfig, history: list[dict[str, float]]) -> None:
@@ -56,8 +65,8 @@ def test_each_fused_member_trains_as_its_solo_run(model: str, engine: str):
     assert [m.state for m in members] == ["complete"] * 3
     assert {m.engine for m in members} == {engine}
     assert seen == [(k, e) for e in (1, 2, 3) for k in range(3)]  # every member reports every epoch
-    for config, fused in zip(configs, members):
-        assert_matches_solo(config, fused.history)
+    for member_config, fused in zip(configs, members):
+        assert_matches_solo(member_config, fused.history)
     # each member's model holds its own weights afterwards (not views of the fused tensors)
     weights = [next(m.parts.model.parameters()) for m in members]
     assert weights[0].untyped_storage().data_ptr() != weights[1].untyped_storage().data_ptr()
@@ -66,17 +75,35 @@ def test_each_fused_member_trains_as_its_solo_run(model: str, engine: str):
 # members sharing one of torch's optimizers: stepped as one (sweeper/trial/fused_optim.py), each
 # with its own settings, clipping and schedule
 SHARED_OPTIMIZER = {
-    "adamw": [member(0, CNN, "optimizer={plugin: adamw, args: {lr: 0.003, weight_decay: 0.01}}", "train.grad_clip=0.5"),
-              member(1, CNN, "optimizer={plugin: adamw, args: {lr: 0.01, weight_decay: 0.0, betas: [0.8, 0.99]}}",
-                     "schedule.plugin=onecycle"),
-              member(2, CNN, "optimizer={plugin: adamw, args: {lr: 0.001, eps: 1.0e-6}}", "train.label_smoothing=0.1")],
-    "sgd": [member(0, CNN, "optimizer={plugin: sgd, args: {lr: 0.05}}"),
-            member(1, CNN, "optimizer={plugin: sgd, args: {lr: 0.02, momentum: 0.9, weight_decay: 0.001}}",
-                   "train.grad_clip=1.0"),
-            member(2, CNN, "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.8, nesterov: true}}",
-                   "schedule.plugin=onecycle")],
-    "adam": [member(0, "optimizer={plugin: adam, args: {lr: 0.01, weight_decay: 0.001}}"),
-             member(1, "optimizer={plugin: adam, args: {lr: 0.003}}")],
+    "adamw": [
+        member(0, CNN, "optimizer={plugin: adamw, args: {lr: 0.003, weight_decay: 0.01}}", "train.grad_clip=0.5"),
+        member(
+            1,
+            CNN,
+            "optimizer={plugin: adamw, args: {lr: 0.01, weight_decay: 0.0, betas: [0.8, 0.99]}}",
+            "schedule.plugin=onecycle",
+        ),
+        member(2, CNN, "optimizer={plugin: adamw, args: {lr: 0.001, eps: 1.0e-6}}", "train.label_smoothing=0.1"),
+    ],
+    "sgd": [
+        member(0, CNN, "optimizer={plugin: sgd, args: {lr: 0.05}}"),
+        member(
+            1,
+            CNN,
+            "optimizer={plugin: sgd, args: {lr: 0.02, momentum: 0.9, weight_decay: 0.001}}",
+            "train.grad_clip=1.0",
+        ),
+        member(
+            2,
+            CNN,
+            "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.8, nesterov: true}}",
+            "schedule.plugin=onecycle",
+        ),
+    ],
+    "adam": [
+        member(0, "optimizer={plugin: adam, args: {lr: 0.01, weight_decay: 0.001}}"),
+        member(1, "optimizer={plugin: adam, args: {lr: 0.003}}"),
+    ],
 }
 
 
@@ -115,9 +142,14 @@ def test_a_pruned_member_leaves_and_the_others_go_on_unchanged():
 
 @pytest.mark.parametrize("optimizers", ["mixed", "one"])
 def test_a_member_whose_loss_is_not_finite_fails_alone(optimizers: str):
-    configs = mixed() if optimizers == "mixed" else [member(k, f"optimizer.args.lr={lr}") for k, lr in
-                                                     enumerate((0.01, 0.02, 0.003))]
-    configs[1] = member(1, f"optimizer={{plugin: {configs[1].spec.optimizer.plugin}, args: {{lr: 1.0e+30}}}}")  # diverges
+    configs = (
+        mixed()
+        if optimizers == "mixed"
+        else [member(k, f"optimizer.args.lr={lr}") for k, lr in enumerate((0.01, 0.02, 0.003))]
+    )
+    configs[1] = member(
+        1, f"optimizer={{plugin: {configs[1].spec.optimizer.plugin}, args: {{lr: 1.0e+30}}}}"
+    )  # diverges
     members = fit_fused(configs, CPU, lambda k, epoch, metrics: None)
     assert [m.state for m in members] == ["complete", "failed", "complete"]
     assert members[1].reason.startswith("non-finite loss at epoch 1") and members[1].history == []
@@ -161,12 +193,15 @@ class MixesChannels(Residual):
 def test_the_layered_layout_is_used_where_it_equals_vmap_and_gives_each_member_its_own_numbers(model, kind):
     torch.manual_seed(0)
     models = [model() for _ in range(3)]
-    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
-              for n, _ in models[0].named_parameters()}
+    params = {
+        n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+        for n, _ in models[0].named_parameters()
+    }
     buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in models]) for n, _ in models[0].named_buffers()}
     x = torch.randn(8, 1, 6, 6)
-    chosen = fused_forward.engine(copy.deepcopy(models[0]).to("meta"), params, buffers, x, [0.0] * 3,
-                                  contextlib.nullcontext)
+    chosen = fused_forward.engine(
+        copy.deepcopy(models[0]).to("meta"), params, buffers, x, [0.0] * 3, contextlib.nullcontext
+    )
     assert chosen.kind == kind
     predicted = chosen.predict(params, buffers, x)
     xs, ys = torch.randn(3, 8, 1, 6, 6), torch.randint(0, 3, (3, 8))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from mlflow import MlflowClient
-
 from conftest import config, kill_at_gate, learned, make_dist, sweeper, write_spec
+from mlflow import MlflowClient
 from test_faults import faulty  # noqa: F401 (a fixture: the greedy model plugin)
+
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import execute_group
 
@@ -28,8 +28,9 @@ def table(out: Path) -> list[dict]:
 
 
 def same_trials(a: list[dict], b: list[dict], rel: float) -> None:
-    assert [(t["number"], t["state"], t["params"], t["seed"]) for t in a] == \
-           [(t["number"], t["state"], t["params"], t["seed"]) for t in b]
+    assert [(t["number"], t["state"], t["params"], t["seed"]) for t in a] == [
+        (t["number"], t["state"], t["params"], t["seed"]) for t in b
+    ]
     for x, y in zip(a, b):
         for ex, ey in zip(learned(x["history"]), learned(y["history"]), strict=True):
             for key, value in ey.items():
@@ -75,9 +76,17 @@ def test_a_fused_sweep_reruns_identically_matches_its_solo_twin_and_replays(work
 
 
 def test_a_killed_fused_sweep_resumes_to_the_table_of_an_uninterrupted_one(workdir: Path, gate: Path):
-    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "fused-killed"},
-                      search={"sampler": "random", "n_trials": 8, "batch_size": 4, "fuse": 4,
-                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}}})
+    spec = write_spec(
+        workdir / "s.yaml",
+        tracking={"experiment": "fused-killed"},
+        search={
+            "sampler": "random",
+            "n_trials": 8,
+            "batch_size": 4,
+            "fuse": 4,
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}},
+        },
+    )
     # the fifth schedule built (the second batch's first member) stops at the start of its epoch 2:
     # the first batch is finished, the second (one fused model) is mid-way
     killed = [f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 5, epoch: 2}}}}"]
@@ -105,10 +114,16 @@ def test_a_killed_fused_sweep_resumes_to_the_table_of_an_uninterrupted_one(workd
 @pytest.fixture
 def unfusable(site: Path) -> None:
     source = (Path(__file__).parent / "plugins" / "sweeper_test_fusing.py").read_text()
-    make_dist(site, "sweeper-test-fusing", "1.0",
-              {"sweeper.models": {"branchy": "sweeper_test_fusing:branchy"},
-               "sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"}},
-              {"sweeper_test_fusing.py": source})
+    make_dist(
+        site,
+        "sweeper-test-fusing",
+        "1.0",
+        {
+            "sweeper.models": {"branchy": "sweeper_test_fusing:branchy"},
+            "sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"},
+        },
+        {"sweeper_test_fusing.py": source},
+    )
     from sweeper.pluginhost import registry
 
     registry.refresh()
@@ -136,9 +151,18 @@ def test_what_cannot_fuse_trains_alone_and_says_why(workdir: Path, unfusable: No
     assert all("the fused step failed" in o.info["fuse_fallback"] for o in outcomes)
     assert "fused_with" not in outcomes[0].info  # they trained solo: replayed bitwise
 
-    spec = write_spec(workdir / "s.yaml", model={"plugin": "branchy", "args": {}}, tracking={"experiment": "unfusable"},
-                      search={"sampler": "random", "n_trials": 4, "batch_size": 4, "fuse": 4,
-                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1}}})
+    spec = write_spec(
+        workdir / "s.yaml",
+        model={"plugin": "branchy", "args": {}},
+        tracking={"experiment": "unfusable"},
+        search={
+            "sampler": "random",
+            "n_trials": 4,
+            "batch_size": 4,
+            "fuse": 4,
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1}},
+        },
+    )
     ran = sweeper("run", str(spec), "--out", "out", check=True)
     assert "a fused task trained its trials one at a time" in " ".join(ran.stdout.split())
     assert [t["state"] for t in table(workdir / "out")] == ["complete"] * 4
@@ -173,11 +197,18 @@ def test_a_fused_model_that_fails_midway_keeps_the_ends_of_members_that_had_left
     assert all(o.info["fused_with"] == [0, 1, 2] for o in outcomes)
 
 
-def test_a_fused_model_out_of_memory_retries_its_members_fused_with_smaller_micro_batches(workdir: Path,
-                                                                                          faulty: None):
-    spec = write_spec(workdir / "s.yaml", model={"plugin": "greedy", "args": {"fits": 8}},
-                      search={"sampler": "random", "n_trials": 2, "batch_size": 2, "fuse": 2,
-                              "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1}}})
+def test_a_fused_model_out_of_memory_retries_its_members_fused_with_smaller_micro_batches(workdir: Path, faulty: None):
+    spec = write_spec(
+        workdir / "s.yaml",
+        model={"plugin": "greedy", "args": {"fits": 8}},
+        search={
+            "sampler": "random",
+            "n_trials": 2,
+            "batch_size": 2,
+            "fuse": 2,
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 0.1}},
+        },
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     attempts = table(workdir / "out")
     # batch 32: micro-batches of 32 and 16 do not fit, 8 do (accumulate 1 -> 2 -> 4), both members each time

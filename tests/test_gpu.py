@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import SPACES, learned, write_tiny_cifar
+
 from sweeper.spec import load
 from sweeper.trial import checkpoint
 from sweeper.trial.build import TrialConfig, run_trial
@@ -21,9 +21,18 @@ GPU = torch.device("cuda", 0)
 
 def _cifar(tmp_path: Path, *overrides: str) -> TrialConfig:
     write_tiny_cifar(tmp_path / "cifar", per_batch=200)  # 1,000 images
-    spec = load(SPACES / "cifar.yaml", [f"dataset.args.root={tmp_path / 'cifar'}", "dataset.args.download=false",
-                                        "model.args.width=16", "train.epochs=2", "train.batch_size=128",
-                                        "train.device=cuda", *overrides])
+    spec = load(
+        SPACES / "cifar.yaml",
+        [
+            f"dataset.args.root={tmp_path / 'cifar'}",
+            "dataset.args.download=false",
+            "model.args.width=16",
+            "train.epochs=2",
+            "train.batch_size=128",
+            "train.device=cuda",
+            *overrides,
+        ],
+    )
     return TrialConfig(0, 1, {}, spec, checkpoint=str(tmp_path / "0.pt"))
 
 
@@ -43,8 +52,9 @@ def test_a_cifar_trial_on_cuda_takes_the_fast_paths(tmp_path: Path):
 
 
 @pytest.mark.parametrize("implementation, step_device", [("foreach", "cpu"), ("fused", "cuda")])
-def test_a_resumed_adamw_keeps_its_step_counters_where_it_wants_them(tmp_path: Path, implementation: str,
-                                                                     step_device: str):
+def test_a_resumed_adamw_keeps_its_step_counters_where_it_wants_them(
+    tmp_path: Path, implementation: str, step_device: str
+):
     """A checkpoint is loaded on the CPU, then into the optimizer: non-fused AdamW keeps its step
     counters on the CPU (on the GPU each step would sync to read them), fused AdamW on the GPU."""
     args = f"optimizer={{plugin: adamw, args: {{lr: 0.001, {implementation}: true}}}}"
@@ -56,8 +66,13 @@ def test_a_resumed_adamw_keeps_its_step_counters_where_it_wants_them(tmp_path: P
     def report(epoch: int, metrics: dict[str, float]) -> None:
         seen["steps"] = {s["step"].device.type for s in seen["optimizer"].state.values()}
 
-    run_trial(resumed, report, GPU, before_fit=lambda parts: seen.update(optimizer=parts.optimizer),
-              resume=checkpoint.Resume(checkpoint.load(Path(first.checkpoint))))
+    run_trial(
+        resumed,
+        report,
+        GPU,
+        before_fit=lambda parts: seen.update(optimizer=parts.optimizer),
+        resume=checkpoint.Resume(checkpoint.load(Path(first.checkpoint))),
+    )
     assert seen["steps"] == {step_device}
 
 

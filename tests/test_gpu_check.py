@@ -12,14 +12,29 @@ from conftest import REPO
 
 
 def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu"], capture_output=True,
-                          text=True, timeout=1800, env={**os.environ, "GPU_CHECK_OUT": str(workdir / "report.json")})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "GPU_CHECK_OUT": str(workdir / "report.json")},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     print(json.dumps(report, indent=1))  # the report, in the test's output
     assert report == json.loads((workdir / "report.json").read_text())  # saved as it went
-    checks = ("sweep", "two_workers", "deterministic", "sync_audit", "throughput", "compile", "resumed_adamw",
-              "export_on_cpu", "ray_fraction", "fused")
+    checks = (
+        "sweep",
+        "two_workers",
+        "deterministic",
+        "sync_audit",
+        "throughput",
+        "compile",
+        "resumed_adamw",
+        "export_on_cpu",
+        "ray_fraction",
+        "fused",
+    )
     for name in checks:
         assert "error" not in report[name], (name, report[name])
     for name in ("sweep", "two_workers", "ray_fraction"):
@@ -35,8 +50,15 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
     assert report["compile"]["compiled_images_per_s"] > 0 and report["compile"]["backend"] == "aot_eager"
     assert report["resumed_adamw"]["step_counter_device"] == "cpu"
     assert report["export_on_cpu"]["exit"] == 0 and report["export_on_cpu"]["trained_on"] == "cpu"
-    fused = report["fused"]  # digits through the CLI: every trial of each fused sweep trained, one model per architecture
+    fused = report[
+        "fused"
+    ]  # digits through the CLI: every trial of each fused sweep trained, one model per architecture
     for n in (8, 16):
-        assert fused[f"digits_fused_{n}"]["counts"] == {"complete": n} and fused[f"digits_fused_{n}"]["fused_models"] >= 1
+        assert (
+            fused[f"digits_fused_{n}"]["counts"] == {"complete": n} and fused[f"digits_fused_{n}"]["fused_models"] >= 1
+        )
         assert fused[f"digits_fused_{n}"]["trials_per_hour"] > 0
-    assert fused["airbench_sized"]["members"] == 4 and fused["airbench_sized"]["layered_s"] > 0 < fused["airbench_sized"]["vmap_s"]
+    assert (
+        fused["airbench_sized"]["members"] == 4
+        and fused["airbench_sized"]["layered_s"] > 0 < fused["airbench_sized"]["vmap_s"]
+    )

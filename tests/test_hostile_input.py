@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import SPACES, sweeper
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SPACES, sweeper
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec, load
 from sweeper.spec import space as sp
@@ -26,7 +26,8 @@ SMOKE = (SPACES / "smoke.yaml").read_text()
 SHIPPED = [p.read_text() for p in sorted(SPACES.glob("*.yaml"))]
 # "A billion laughs": 9^9 list items from nine short lines
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+)
 
 
 def smoke_with(old: str, new: str) -> str:
@@ -39,26 +40,50 @@ HOSTILE = {  # name: (file content, words the message must contain)
     "deep-flow.yaml": (b"[" * 100_000 + b"]" * 100_000, ["nested more than", ":1:"]),
     "deep-block.yaml": ("".join(f"{'  ' * i}k{i}:\n" for i in range(200)).encode(), ["nested more than"]),
     "laughs.yaml": (LAUGHS.encode(), ["anchors (&a) are not allowed", ":1:"]),
-    "laughs-in-args.yaml": (smoke_with("args: {hidden: 32, depth: 1}", "args: {hidden: *h, depth: 1}")
-                            .replace("name: smoke", "name: &h smoke").encode(), ["anchors (&h) are not allowed"]),
+    "laughs-in-args.yaml": (
+        smoke_with("args: {hidden: 32, depth: 1}", "args: {hidden: *h, depth: 1}")
+        .replace("name: smoke", "name: &h smoke")
+        .encode(),
+        ["anchors (&h) are not allowed"],
+    ),
     "nan-epochs.yaml": (smoke_with("epochs: 3", "epochs: .nan").encode(), ["train.epochs", "not a number"]),
-    "inf-high.yaml": (smoke_with("high: 1.0e-1", "high: .inf").encode(),
-                      ["search.space.optimizer.args.lr.high", "not a number"]),
+    "inf-high.yaml": (
+        smoke_with("high: 1.0e-1", "high: .inf").encode(),
+        ["search.space.optimizer.args.lr.high", "not a number"],
+    ),
     "nan-lr.yaml": (smoke_with("lr: 1.0e-2", "lr: .NaN").encode(), ["optimizer.args.lr", "not a number"]),
     "quoted-nan-low.yaml": (smoke_with("low: 1.0e-4", "low: 'nan'").encode(), ["optimizer.args.lr.low", "finite"]),
-    "huge-int-grid.yaml": (smoke_with("sampler: tpe", "sampler: grid").replace(
-        "optimizer.args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}",
-        "train.batch_size: {type: int, low: 1, high: 100000000000000}").encode(),
-        ["train.batch_size", "more than 100,000"]),
-    "tiny-step-grid.yaml": (smoke_with("sampler: tpe", "sampler: grid").replace(
-        "log: true}", "step: 1.0e-300}").encode(), ["optimizer.args.lr", "more than 100,000"]),
-    "product-grid.yaml": (smoke_with("sampler: tpe", "sampler: grid").replace(
-        "optimizer.args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}",
-        "train.batch_size: {type: int, low: 1, high: 1000}\n    train.epochs: {type: int, low: 1, high: 1000}"
-    ).encode(), ["grid of", "more than 100,000 points"]),
-    "overflowing-step-grid.yaml": (smoke_with("sampler: tpe", "sampler: grid").replace(
-        "{type: float, low: 1.0e-4, high: 1.0e-1, log: true}", "{type: float, low: -1.0e308, high: 1.0e308, "
-        "step: 1.0e-300}").encode(), ["optimizer.args.lr", "more than 100,000"]),
+    "huge-int-grid.yaml": (
+        smoke_with("sampler: tpe", "sampler: grid")
+        .replace(
+            "optimizer.args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}",
+            "train.batch_size: {type: int, low: 1, high: 100000000000000}",
+        )
+        .encode(),
+        ["train.batch_size", "more than 100,000"],
+    ),
+    "tiny-step-grid.yaml": (
+        smoke_with("sampler: tpe", "sampler: grid").replace("log: true}", "step: 1.0e-300}").encode(),
+        ["optimizer.args.lr", "more than 100,000"],
+    ),
+    "product-grid.yaml": (
+        smoke_with("sampler: tpe", "sampler: grid")
+        .replace(
+            "optimizer.args.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}",
+            "train.batch_size: {type: int, low: 1, high: 1000}\n    train.epochs: {type: int, low: 1, high: 1000}",
+        )
+        .encode(),
+        ["grid of", "more than 100,000 points"],
+    ),
+    "overflowing-step-grid.yaml": (
+        smoke_with("sampler: tpe", "sampler: grid")
+        .replace(
+            "{type: float, low: 1.0e-4, high: 1.0e-1, log: true}",
+            "{type: float, low: -1.0e308, high: 1.0e308, step: 1.0e-300}",
+        )
+        .encode(),
+        ["optimizer.args.lr", "more than 100,000"],
+    ),
     "python-tag.yaml": (b"name: !!python/object/apply:os.system [echo hi]\n", ["python/object", ":1:"]),
     "binary-tag.yaml": (b"name: !!binary aGVsbG8=\n", ["binary", "not allowed"]),
     "bad-int-tag.yaml": (b"seed: !!int twelve\n", ["invalid YAML value"]),
@@ -97,13 +122,21 @@ def test_folders_devices_and_oversized_files(workdir: Path):
 
 
 def test_hostile_overrides_are_user_errors_naming_the_override():
-    cases = {"train.epochs=.inf": "train.epochs", "optimizer.args.lr=.nan": "optimizer.args.lr",
-             "model.args=&x {a: 1}": "override model.args", "train.epochs=[" + "[" * 500: "override train.epochs",
-             "a" + ".b" * 1000 + "=1": "nested more than", "search.space.train.epochs={type: int, low: 1, "
-             "high: 10000000000000000}": None, "search.sampler=grid": "more than 100,000"}
+    cases = {
+        "train.epochs=.inf": "train.epochs",
+        "optimizer.args.lr=.nan": "optimizer.args.lr",
+        "model.args=&x {a: 1}": "override model.args",
+        "train.epochs=[" + "[" * 500: "override train.epochs",
+        "a" + ".b" * 1000 + "=1": "nested more than",
+        "search.space.train.epochs={type: int, low: 1, high: 10000000000000000}": None,
+        "search.sampler=grid": "more than 100,000",
+    }
     for override, words in cases.items():
-        args = [override] if "search.sampler" not in override else [
-            override, "search.space={train.epochs: {type: int, low: 1, high: 10000000000}}"]
+        args = (
+            [override]
+            if "search.sampler" not in override
+            else [override, "search.space={train.epochs: {type: int, low: 1, high: 10000000000}}"]
+        )
         if words is None:  # a huge range is fine for a sampler that does not enumerate it
             assert load(SPACES / "smoke.yaml", args).search.space["train.epochs"].high == 10**16
             continue
@@ -113,9 +146,15 @@ def test_hostile_overrides_are_user_errors_naming_the_override():
 
 def test_plain_data_still_loads():
     """What the limits must not refuse: 1e-3 is a float, a date is a string, the shipped specs load."""
-    spec = load(SPACES / "smoke.yaml", ["optimizer.args.lr=1e-3", "dataset.args.note=2024-05-01",
-                                        "search.sampler=grid", "search.space.optimizer.args.lr={type: float, "
-                                        "low: 0.001, high: 0.1, step: 0.001}"])
+    spec = load(
+        SPACES / "smoke.yaml",
+        [
+            "optimizer.args.lr=1e-3",
+            "dataset.args.note=2024-05-01",
+            "search.sampler=grid",
+            "search.space.optimizer.args.lr={type: float, low: 0.001, high: 0.1, step: 0.001}",
+        ],
+    )
     assert spec.optimizer.args["lr"] == 1e-3 and spec.dataset.args["note"] == "2024-05-01"
     assert sp.grid_size(spec.search.space) == 100 * 2
     for path in sorted(SPACES.glob("*.yaml")):
@@ -151,13 +190,80 @@ def loads_or_refuses(text: str | bytes, overrides: list[str] = ()) -> None:
             assert str(exc) and len(str(exc)) < 5000
 
 
-YAML_TOKENS = ["{", "}", "[", "]", ": ", ", ", "- ", "\n", "\n  ", "&a ", "*a", "!!int ", "!!str ", "!!binary ",
-               "!!python/name:os.system", "<<: ", "? ", "|\n  ", ">\n  ", "'", '"', "#", "%YAML 1.1\n", "---\n",
-               "...\n", ".inf", "-.inf", ".nan", "1e-3", "1e999", "-0", "0x1F", "0o17", "1_000", "~", "null",
-               "true", "no", "2024-13-45", "12:30:00", "name", "search", "space", "sampler", "grid", "type",
-               "float", "int", "categorical", "low", "high", "step", "log", "choices", "when", "train",
-               "epochs", "batch_size", "optimizer", "args", "lr", "model", "plugin", "mlp", "dataset", "\t",
-               "\x00", "\ufeff", "é", "\U0001f600", "\x85", "\u2028"]
+YAML_TOKENS = [
+    "{",
+    "}",
+    "[",
+    "]",
+    ": ",
+    ", ",
+    "- ",
+    "\n",
+    "\n  ",
+    "&a ",
+    "*a",
+    "!!int ",
+    "!!str ",
+    "!!binary ",
+    "!!python/name:os.system",
+    "<<: ",
+    "? ",
+    "|\n  ",
+    ">\n  ",
+    "'",
+    '"',
+    "#",
+    "%YAML 1.1\n",
+    "---\n",
+    "...\n",
+    ".inf",
+    "-.inf",
+    ".nan",
+    "1e-3",
+    "1e999",
+    "-0",
+    "0x1F",
+    "0o17",
+    "1_000",
+    "~",
+    "null",
+    "true",
+    "no",
+    "2024-13-45",
+    "12:30:00",
+    "name",
+    "search",
+    "space",
+    "sampler",
+    "grid",
+    "type",
+    "float",
+    "int",
+    "categorical",
+    "low",
+    "high",
+    "step",
+    "log",
+    "choices",
+    "when",
+    "train",
+    "epochs",
+    "batch_size",
+    "optimizer",
+    "args",
+    "lr",
+    "model",
+    "plugin",
+    "mlp",
+    "dataset",
+    "\t",
+    "\x00",
+    "\ufeff",
+    "é",
+    "\U0001f600",
+    "\x85",
+    "\u2028",
+]
 yamlish = st.lists(st.one_of(st.sampled_from(YAML_TOKENS), st.text(max_size=8)), max_size=60).map("".join)
 
 
@@ -172,24 +278,60 @@ def mutated_spec(draw) -> str:
     return text
 
 
-leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
-                 st.integers(min_value=-(10**40), max_value=10**40))
-json_like = st.recursive(leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=6), inner, max_size=4)),
-                         max_leaves=12)
-SPEC_PATHS = ["name", "seed", "objective.metric", "train.epochs", "train.batch_size", "train.accumulate",
-              "train.grad_clip", "optimizer.args.lr", "optimizer.plugin", "model.args", "dataset.args.num_train",
-              "search.sampler", "search.n_trials", "search.timeout", "search.pruner", "search.lr_finder",
-              "search.space", "search.space.optimizer.args.lr", "search.space.train.batch_size",
-              "search.space.optimizer.args.lr.low", "search.space.optimizer.args.lr.step",
-              "search.space.model.args.hidden.choices", "search.space.train.epochs", "export.formats",
-              "tracking.mlflow_uri", "search.space.model.args.hidden.when"]
+leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.integers(min_value=-(10**40), max_value=10**40),
+)
+json_like = st.recursive(
+    leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=12,
+)
+SPEC_PATHS = [
+    "name",
+    "seed",
+    "objective.metric",
+    "train.epochs",
+    "train.batch_size",
+    "train.accumulate",
+    "train.grad_clip",
+    "optimizer.args.lr",
+    "optimizer.plugin",
+    "model.args",
+    "dataset.args.num_train",
+    "search.sampler",
+    "search.n_trials",
+    "search.timeout",
+    "search.pruner",
+    "search.lr_finder",
+    "search.space",
+    "search.space.optimizer.args.lr",
+    "search.space.train.batch_size",
+    "search.space.optimizer.args.lr.low",
+    "search.space.optimizer.args.lr.step",
+    "search.space.model.args.hidden.choices",
+    "search.space.train.epochs",
+    "export.formats",
+    "tracking.mlflow_uri",
+    "search.space.model.args.hidden.when",
+]
 override_path = st.one_of(st.sampled_from(SPEC_PATHS), st.text(alphabet="abc._=", min_size=1, max_size=12))
-override = st.builds(lambda p, v: f"{p}={v}", override_path,
-                     st.one_of(yamlish, json_like.map(lambda v: yaml.safe_dump(v, default_flow_style=True).strip())))
-SETTINGS = settings(max_examples=700, deadline=None, database=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large])
+override = st.builds(
+    lambda p, v: f"{p}={v}",
+    override_path,
+    st.one_of(yamlish, json_like.map(lambda v: yaml.safe_dump(v, default_flow_style=True).strip())),
+)
+SETTINGS = settings(
+    max_examples=700,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @SETTINGS
@@ -217,6 +359,7 @@ def test_fuzz_any_value_at_any_spec_path_loads_or_is_a_user_error(changes):
 
 
 # --- the real CLI ---------------------------------------------------------------------------------
+
 
 def test_validate_refuses_hostile_files_with_exit_2_and_no_traceback(workdir: Path):
     names = ["not-utf8.yaml", "deep-flow.yaml", "laughs-in-args.yaml", "nan-lr.yaml", "huge-int-grid.yaml"]

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import children, make_dist, sweeper, wait_for, write_spec
+from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer, free_port
+
 from sweeper.track import outbox
 from sweeper.track.journal import FOLDER, Journal, is_local, journals, known_ids
 from sweeper.track.mlflow import TAG, Tracker
@@ -90,20 +90,26 @@ def test_a_replay_cut_short_by_a_crash_sends_nothing_twice(tmp_path: Path, mlflo
         assert again.sent == (7 if case == "marked" else 11) and again.waiting == 0
 
     client = MlflowClient(mlflow_uri)
-    [sweep] = [r for r in client.search_runs([client.get_experiment_by_name("journal-crash").experiment_id])
-               if "mlflow.parentRunId" not in r.data.tags]
+    [sweep] = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("journal-crash").experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     [run] = children(client, sweep.info.run_id)
     assert (sweep.info.run_id, run.info.run_id) == (real_parent, real_trial)
     assert run.data.tags[JOURNAL_TAG] == trial and run.data.params == {"lr": "0.1"}
     assert run.data.tags[f"{TAG}kind"] == "trial" and run.info.status == "FINISHED"
     assert history(client, real_trial, "val_acc") == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert {a.path for a in client.list_artifacts(real_trial)} == {"trial.json", "checkpoints"}
-    assert (Path(client.download_artifacts(real_trial, "checkpoints/model.pt", str(tmp_path / "dl"))).read_bytes()
-            == b"weights")
+    assert (
+        Path(client.download_artifacts(real_trial, "checkpoints/model.pt", str(tmp_path / "dl"))).read_bytes()
+        == b"weights"
+    )
 
 
 def test_writes_wait_while_the_server_is_away_and_sweeper_sync_sends_them(
-        server: MlflowServer, tmp_path: Path, quick_retries: None, capsys: pytest.CaptureFixture):
+    server: MlflowServer, tmp_path: Path, quick_retries: None, capsys: pytest.CaptureFixture
+):
     server.stop()
     out = tmp_path / "out"
     artifact = tmp_path / "model.pt"
@@ -118,7 +124,10 @@ def test_writes_wait_while_the_server_is_away_and_sweeper_sync_sends_them(
 
     waiting = sweeper("sync", str(out))
     assert waiting.returncode == 2, waiting.stdout + waiting.stderr
-    assert f"MLflow at {server.url} ([Errno 111] Connection refused)" in waiting.stderr and f"sweeper sync {out}" in waiting.stderr
+    assert (
+        f"MLflow at {server.url} ([Errno 111] Connection refused)" in waiting.stderr
+        and f"sweeper sync {out}" in waiting.stderr
+    )
     assert len(journals(out / FOLDER)) == 2  # nothing lost
 
     server.start()
@@ -130,7 +139,9 @@ def test_writes_wait_while_the_server_is_away_and_sweeper_sync_sends_them(
     assert "sent 11 MLflow write(s)" in sent.stdout and not journals(out / FOLDER)
 
     client = MlflowClient(server.url)
-    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("journal-server").experiment_id])}
+    runs = {
+        r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("journal-server").experiment_id])
+    }
     assert set(runs) == {"sweep", "trial-0", "trial-1"}
     assert history(client, live.real_id(going), "val_acc") == [(1, 0.5), (2, 0.6)]
     assert history(client, runs["trial-0"].info.run_id, "val_loss") == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
@@ -140,8 +151,13 @@ def test_writes_wait_while_the_server_is_away_and_sweeper_sync_sends_them(
 @pytest.fixture
 def gates(site: Path, tmp_path: Path) -> Path:
     """The `gates` schedule plugin (tests/plugins/sweeper_test_gates.py) installed; its folder."""
-    make_dist(site, "sweeper-test-gates", "1.0", {"sweeper.schedules": {"gates": "sweeper_test_gates:gates"}},
-              {name: (PLUGINS / name).read_text() for name in ("sweeper_test_gate.py", "sweeper_test_gates.py")})
+    make_dist(
+        site,
+        "sweeper-test-gates",
+        "1.0",
+        {"sweeper.schedules": {"gates": "sweeper_test_gates:gates"}},
+        {name: (PLUGINS / name).read_text() for name in ("sweeper_test_gate.py", "sweeper_test_gates.py")},
+    )
     from sweeper.pluginhost import registry
 
     registry.refresh()
@@ -149,19 +165,38 @@ def gates(site: Path, tmp_path: Path) -> Path:
 
 
 def test_a_sweep_goes_on_while_the_server_restarts_and_mlflow_gets_every_metric_once(
-        server: MlflowServer, tmp_path: Path, gates: Path, monkeypatch: pytest.MonkeyPatch):
+    server: MlflowServer, tmp_path: Path, gates: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Trial 1 stops at epoch 2 while the server stops; trials 1-3 log to the journal; trial 3
     stops at epoch 2 while the server starts again; the sweep ends normally."""
     if server.proc is None:
         server.start()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
     epochs, trials = 3, 4
-    spec = write_spec(tmp_path / "spec.yaml", tracking={"experiment": "journal-sweep"},
-                      schedule={"plugin": "gates", "args": {"folder": str(gates), "epoch": 2, "first": 2, "second": 4}})
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        tracking={"experiment": "journal-sweep"},
+        schedule={"plugin": "gates", "args": {"folder": str(gates), "epoch": 2, "first": 2, "second": 4}},
+    )
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(spec), f"search.n_trials={trials}",
-                             f"train.epochs={epochs}", "search.pruner.type=none", "--out", str(out), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sweeper",
+            "run",
+            str(spec),
+            f"search.n_trials={trials}",
+            f"train.epochs={epochs}",
+            "search.pruner.type=none",
+            "--out",
+            str(out),
+            "-q",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: (gates / "1" / "blocked").exists(), proc, what="trial 1 held at epoch 2")
     server.stop()
     (gates / "1" / "release").touch()
@@ -179,7 +214,9 @@ def test_a_sweep_goes_on_while_the_server_restarts_and_mlflow_gets_every_metric_
     assert summary["counts"] == {"complete": trials}
     client = MlflowClient(server.url)
     parent = client.get_run(summary["mlflow"]["parent_run_id"])
-    assert parent.info.status == "FINISHED" and "summary.json" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert parent.info.status == "FINISHED" and "summary.json" in {
+        a.path for a in client.list_artifacts(parent.info.run_id)
+    }
     runs = {int(r.data.tags[f"{TAG}trial"]): r for r in children(client, parent.info.run_id)}
     assert sorted(runs) == list(range(trials)) and len(children(client, parent.info.run_id)) == trials  # each once
     # each known by its placeholder until made (by the sender thread, or from the journal for 2 and 3)

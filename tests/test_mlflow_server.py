@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from mlflow.tracking import MlflowClient
-
 from conftest import children, sweeper, wait_for, write_spec
+from mlflow.tracking import MlflowClient
 from mlflow_server import free_port, healthy, stop_group
 from pg import pg_database
 from test_distributed import trials as study_trials
@@ -42,8 +41,14 @@ class Server:
 
     def admin(self, method: str, path: str, **json: str) -> dict:
         """A call to the server's REST API as its admin."""
-        response = requests.request(method, f"{self.url}/api/{path}", auth=(ADMIN, ADMIN_PASSWORD),
-                                    json=json or None, params=json if method == "GET" else None, timeout=30)
+        response = requests.request(
+            method,
+            f"{self.url}/api/{path}",
+            auth=(ADMIN, ADMIN_PASSWORD),
+            json=json or None,
+            params=json if method == "GET" else None,
+            timeout=30,
+        )
         assert response.ok, f"{method} {path}: {response.status_code} {response.text}\n{self.log.read_text()}"
         return response.json()
 
@@ -59,17 +64,41 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         (tmp / "auth.ini").write_text(
             f"[mlflow]\ndefault_permission = READ\ndatabase_uri = {users}\nadmin_username = {ADMIN}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-            "auth_cache_ttl_seconds = 3600\n")
+            "auth_cache_ttl_seconds = 3600\n"
+        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
-        env.update(MLFLOW_AUTH_CONFIG_PATH=str(tmp / "auth.ini"), MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN_PASSWORD,
-                   MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
-                   MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # GenAI job runners: processes sweeper never uses
+        env.update(
+            MLFLOW_AUTH_CONFIG_PATH=str(tmp / "auth.ini"),
+            MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN_PASSWORD,
+            MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
+            MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        )  # GenAI job runners: processes sweeper never uses
         url, log = f"http://127.0.0.1:{(port := free_port())}", tmp / "server.log"
         with log.open("w") as out:  # its own process group: the server's workers stop with it
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                 "--workers", "1", "--backend-store-uri", store, "--artifacts-destination", str(tmp / "artifacts"),
-                 "--app-name", "basic-auth"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--workers",
+                    "1",
+                    "--backend-store-uri",
+                    store,
+                    "--artifacts-destination",
+                    str(tmp / "artifacts"),
+                    "--app-name",
+                    "basic-auth",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         try:
             try:
                 wait_for(lambda: healthy(url), proc, timeout=300, what="the MLflow server's /health answering")
@@ -94,19 +123,27 @@ def leaks(text: str) -> bool:
     return any(s in text for s in SECRETS)
 
 
-def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server, tmp_path: Path, gate: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch):
+def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(
+    server: Server, tmp_path: Path, gate: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Two processes serve one sweep (a worker and `sweeper run`, sharing a PostgreSQL study) and
     both log to the server; the worker holds trial 0 at the gate until the run has trained the rest."""
     login(monkeypatch, server, PASSWORD)
     with pg_database("study") as storage:
-        spec = write_spec(tmp_path / "spec.yaml", tracking={"experiment": "server-mode"},
-                          schedule={"plugin": "gate", "args": {"folder": str(gate), "epoch": 1}})
+        spec = write_spec(
+            tmp_path / "spec.yaml",
+            tracking={"experiment": "server-mode"},
+            schedule={"plugin": "gate", "args": {"folder": str(gate), "epoch": 1}},
+        )
         args = [str(spec), "search.n_trials=4", "train.epochs=1", f"search.storage={storage}", "-q"]
 
         def serve(role: str) -> subprocess.Popen:
-            return subprocess.Popen([sys.executable, "-m", "sweeper", role, *args, "--out", str(tmp_path / role)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            return subprocess.Popen(
+                [sys.executable, "-m", "sweeper", role, *args, "--out", str(tmp_path / role)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
 
         def completed() -> int:
             return sum(t.state.name == "COMPLETE" for t in study_trials(storage))
@@ -126,8 +163,9 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
     experiment = client.get_experiment_by_name("server-mode")
     # created as the sweeper user (its creator gets MANAGE), so the credentials were the ones used
     granted = server.admin("GET", "3.0/mlflow/users/permissions/list", username=USER)["permissions"]
-    assert ("experiment", experiment.experiment_id, "MANAGE") in \
-        {(g["resource_type"], g["resource_pattern"], g["permission"]) for g in granted}
+    assert ("experiment", experiment.experiment_id, "MANAGE") in {
+        (g["resource_type"], g["resource_pattern"], g["permission"]) for g in granted
+    }
     runs = client.search_runs([experiment.experiment_id])
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     trials = children(client, parent.info.run_id)
@@ -153,8 +191,9 @@ def test_a_sweep_logs_to_the_server_and_its_password_goes_nowhere(server: Server
 
 
 @pytest.mark.parametrize("case", ["wrong password", "no permission"])
-def test_a_refused_login_or_permission_is_a_user_error(server: Server, tmp_path: Path, case: str,
-                                                       monkeypatch: pytest.MonkeyPatch):
+def test_a_refused_login_or_permission_is_a_user_error(
+    server: Server, tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+):
     wrong = "not-" + secrets.token_hex(12)
     login(monkeypatch, server, wrong if case == "wrong password" else PASSWORD)
     experiment = "refused"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import children, config, sweeper, write_spec
 from mlflow.tracking import MlflowClient
 
-from conftest import children, config, sweeper, write_spec
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import Choose, Objective, choose, dominates, pareto_front
 from sweeper.trial import footprint
@@ -19,8 +19,14 @@ from sweeper.trial.build import build
 
 ACC, SIZE = Objective(metric="val_acc", direction="maximize"), Objective(metric="params", direction="minimize")
 POINTS = [  # (trial number, val_acc, params)
-    (0, 0.90, 5000.0), (1, 0.95, 20000.0), (2, 0.96, 80000.0), (3, 0.94, 30000.0), (4, 0.95, 9000.0),
-    (5, 0.70, 500.0), (6, 0.96, 80000.0)]
+    (0, 0.90, 5000.0),
+    (1, 0.95, 20000.0),
+    (2, 0.96, 80000.0),
+    (3, 0.94, 30000.0),
+    (4, 0.95, 9000.0),
+    (5, 0.70, 500.0),
+    (6, 0.96, 80000.0),
+]
 
 
 def values(point: tuple[int, float, float]) -> dict[str, float]:
@@ -38,13 +44,16 @@ def test_the_pareto_front_keeps_exactly_the_points_nothing_beats_on_both():
     assert numbers(pareto_front([ACC, SIZE], POINTS, values)) == [0, 2, 4, 5, 6]
 
 
-@pytest.mark.parametrize("rule, expected", [
-    (None, 2),  # the first objective's best; a tie goes to the lower trial number
-    (Choose(prefer="params"), 5),  # the smallest model, whatever its accuracy
-    (Choose(prefer="params", within={"val_acc": 0.01}), 4),  # 0.96 - 0.01: 4 (0.95) is the smallest left
-    (Choose(prefer="params", within={"val_acc": "0.5%"}), 2),  # 0.96 * 0.995 = 0.9552: only 2 and 6 are left
-    (Choose(prefer="params", within={"val_acc": "10%"}), 0),  # 0.864: 0 (0.90, 5000) is the smallest left
-])
+@pytest.mark.parametrize(
+    "rule, expected",
+    [
+        (None, 2),  # the first objective's best; a tie goes to the lower trial number
+        (Choose(prefer="params"), 5),  # the smallest model, whatever its accuracy
+        (Choose(prefer="params", within={"val_acc": 0.01}), 4),  # 0.96 - 0.01: 4 (0.95) is the smallest left
+        (Choose(prefer="params", within={"val_acc": "0.5%"}), 2),  # 0.96 * 0.995 = 0.9552: only 2 and 6 are left
+        (Choose(prefer="params", within={"val_acc": "10%"}), 0),  # 0.864: 0 (0.90, 5000) is the smallest left
+    ],
+)
 def test_export_choose_picks_the_point_its_rule_names(rule, expected):
     assert choose([ACC, SIZE], rule, POINTS, values)[0] == expected
 
@@ -55,16 +64,36 @@ def test_one_objective_chooses_its_best_as_before():
     assert choose([ACC], None, [], lambda p: {}) is None
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
-      "search.pruner.type": "median"}, "a sweep with objectives trains every trial to its end"),
-    ({"objectives": [{"metric": "params"}, {"metric": "latency_ms"}]}, "needs no training"),
-    ({"export.choose": {"prefer": "params"}}, "it needs objectives (two or more)"),
-    ({"objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
-      "export.choose": {"within": {"latency_ms": 1}}, "search.pruner.type": "none"}, "export.choose names 'latency_ms', which is not an objective"),
-    ({"objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
-      "search.sampler": "cmaes", "search.pruner.type": "none"}, "cmaes optimises one objective"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {
+                "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+                "search.pruner.type": "median",
+            },
+            "a sweep with objectives trains every trial to its end",
+        ),
+        ({"objectives": [{"metric": "params"}, {"metric": "latency_ms"}]}, "needs no training"),
+        ({"export.choose": {"prefer": "params"}}, "it needs objectives (two or more)"),
+        (
+            {
+                "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+                "export.choose": {"within": {"latency_ms": 1}},
+                "search.pruner.type": "none",
+            },
+            "export.choose names 'latency_ms', which is not an objective",
+        ),
+        (
+            {
+                "objectives": [{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+                "search.sampler": "cmaes",
+                "search.pruner.type": "none",
+            },
+            "cmaes optimises one objective",
+        ),
+    ],
+)
 def test_bad_objectives_are_user_errors(workdir: Path, change: dict, message: str):
     args = [f"{k}={json.dumps(v)}" for k, v in change.items()]
     proc = sweeper("validate", str(write_spec(workdir / "s.yaml")), *args)
@@ -76,11 +105,17 @@ def test_footprint_counts_parameters_and_times_a_forward_pass_when_asked():
     trial = config("model.args.hidden=16")
     parts = build(trial, torch.device("cpu"))
     assert footprint.measure(parts.model, parts.data, trial.spec) == {
-        "params": float(sum(p.numel() for p in parts.model.parameters()))}  # no latency unless optimised
+        "params": float(sum(p.numel() for p in parts.model.parameters()))
+    }  # no latency unless optimised
     dumped = trial.spec.model_dump()
     dumped["search"]["pruner"] = {"type": "none"}
-    timed = SweepSpec.model_validate({**dumped, "objective": None, "objectives": [
-        {"metric": "val_acc"}, {"metric": "latency_ms", "direction": "minimize"}]})
+    timed = SweepSpec.model_validate(
+        {
+            **dumped,
+            "objective": None,
+            "objectives": [{"metric": "val_acc"}, {"metric": "latency_ms", "direction": "minimize"}],
+        }
+    )
     measured = footprint.measure(parts.model, parts.data, timed)
     assert measured["latency_ms"] > 0 and parts.model.training  # the model's mode is given back
 
@@ -90,13 +125,22 @@ NSGA2 = {"sampler": "nsga2", "population": 4, "n_trials": 8, "batch_size": 4}
 
 def pareto_spec(path: Path, experiment: str, search: dict) -> Path:
     """smoke.yaml with two objectives (accuracy, parameter count) and sizes worth trading."""
-    space = {"optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True},
-             "model.args.hidden": {"type": "categorical", "choices": [4, 16, 64]}}
-    return write_spec(path, objective=None, objectives=[{"metric": "val_acc", "direction": "maximize"},
-                                                        {"metric": "params", "direction": "minimize"}],
-                      tracking={"experiment": experiment}, search={"pruner": {"type": "none"}, "space": space, **search},
-                      export={"formats": ["torchscript"], "registered_name": experiment,
-                              "choose": {"prefer": "params", "within": {"val_acc": 0.05}}})
+    space = {
+        "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-1, "log": True},
+        "model.args.hidden": {"type": "categorical", "choices": [4, 16, 64]},
+    }
+    return write_spec(
+        path,
+        objective=None,
+        objectives=[{"metric": "val_acc", "direction": "maximize"}, {"metric": "params", "direction": "minimize"}],
+        tracking={"experiment": experiment},
+        search={"pruner": {"type": "none"}, "space": space, **search},
+        export={
+            "formats": ["torchscript"],
+            "registered_name": experiment,
+            "choose": {"prefer": "params", "within": {"val_acc": 0.05}},
+        },
+    )
 
 
 def table(summary: dict) -> list:
@@ -162,9 +206,9 @@ def test_a_multi_objective_sweep_keeps_its_pareto_front_and_exports_the_chosen_p
 def test_the_multi_objective_table_is_the_same_with_one_worker_or_two(pareto_runs):
     one, two = pareto_runs["one"]["summary"], pareto_runs["two"]["summary"]
     assert table(one) == table(two)  # NSGA-II's generations, proposals and every value, bitwise
-    assert one["pareto_front"] == [dict(p, mlflow_run_id=q["mlflow_run_id"])
-                                   for p, q in zip(two["pareto_front"], one["pareto_front"])]
-
+    assert one["pareto_front"] == [
+        dict(p, mlflow_run_id=q["mlflow_run_id"]) for p, q in zip(two["pareto_front"], one["pareto_front"])
+    ]
 
 
 def test_nsga2_breeds_its_second_generation_from_the_first(pareto_runs):
@@ -176,11 +220,18 @@ def test_nsga2_breeds_its_second_generation_from_the_first(pareto_runs):
 
 
 def test_latency_is_an_objective_measured_on_each_trained_model(workdir: Path):
-    spec = write_spec(workdir / "s.yaml", objective=None, tracking={"experiment": "latency"},
-                      objectives=[{"metric": "val_loss", "direction": "minimize"},
-                                  {"metric": "latency_ms", "direction": "minimize"}],
-                      search={"sampler": "tpe", "n_trials": 2, "pruner": {"type": "none"},
-                              "space": {"model.args.hidden": {"type": "categorical", "choices": [16, 32]}}})
+    spec = write_spec(
+        workdir / "s.yaml",
+        objective=None,
+        tracking={"experiment": "latency"},
+        objectives=[{"metric": "val_loss", "direction": "minimize"}, {"metric": "latency_ms", "direction": "minimize"}],
+        search={
+            "sampler": "tpe",
+            "n_trials": 2,
+            "pruner": {"type": "none"},
+            "space": {"model.args.hidden": {"type": "categorical", "choices": [16, 32]}},
+        },
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     for t in summary["trials"]:
@@ -191,8 +242,11 @@ def test_latency_is_an_objective_measured_on_each_trained_model(workdir: Path):
 
 
 def test_a_ray_sweep_optimises_several_objectives(workdir: Path):
-    spec = pareto_spec(workdir / "s.yaml", "pareto-ray", {"backend": "ray", "sampler": "tpe", "n_trials": 4,
-                                                          "resources": {"cpu": 1}, "ray": {"num_cpus": 2}})
+    spec = pareto_spec(
+        workdir / "s.yaml",
+        "pareto-ray",
+        {"backend": "ray", "sampler": "tpe", "n_trials": 4, "resources": {"cpu": 1}, "ray": {"num_cpus": 2}},
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     complete = [t for t in summary["trials"] if t["state"] == "complete"]
@@ -202,6 +256,9 @@ def test_a_ray_sweep_optimises_several_objectives(workdir: Path):
         assert "params" not in t["history"][-1]  # the footprint is not an epoch's metric
     spec_model = SweepSpec.model_validate(summary["spec"])
     assert [p["number"] for p in summary["pareto_front"]] == [
-        t["number"] for t in pareto_front(spec_model.goals, complete, lambda t: t["values"])]
-    assert summary["best"]["number"] == choose(spec_model.goals, spec_model.export.choose, complete,
-                                               lambda t: t["values"])["number"]
+        t["number"] for t in pareto_front(spec_model.goals, complete, lambda t: t["values"])
+    ]
+    assert (
+        summary["best"]["number"]
+        == choose(spec_model.goals, spec_model.export.choose, complete, lambda t: t["values"])["number"]
+    )

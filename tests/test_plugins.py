@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import write_tiny_cifar
+
 from sweeper.plugin import Normalize
 from sweeper.pluginhost import registry
 from sweeper_plugins.cifar import MEAN, PAD, STD, random_crop_flip

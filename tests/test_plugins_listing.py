@@ -11,12 +11,16 @@ import sys
 from pathlib import Path
 
 from conftest import make_dist
+
 from sweeper.pluginhost import registry
 
 DIST = "acme-research-models-with-a-rather-long-distribution-name"
 NAMES = [f"residual_transformer_variant_{i:02d}_with_gated_attention_and_rotary" for i in range(12)]
-ARGS = ["hidden_size_of_the_feed_forward_block_in_each_layer", "number_of_attention_heads_per_layer",
-        "dropout_probability_applied_after_every_residual_connection"]
+ARGS = [
+    "hidden_size_of_the_feed_forward_block_in_each_layer",
+    "number_of_attention_heads_per_layer",
+    "dropout_probability_applied_after_every_residual_connection",
+]
 FACTORY = '''
 def {name}(*, input_shape, num_classes, {args}):
     """A model with long names."""
@@ -26,8 +30,13 @@ def {name}(*, input_shape, num_classes, {args}):
 
 def listing(*args: str) -> subprocess.CompletedProcess:
     """The real CLI, piped (as any subprocess), at 80 columns."""
-    proc = subprocess.run([sys.executable, "-m", "sweeper", "plugins", *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "80"}, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweeper", "plugins", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=600,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc
 
@@ -35,8 +44,13 @@ def listing(*args: str) -> subprocess.CompletedProcess:
 def test_listing_fits_80_columns_with_many_long_named_plugins(site: Path):
     typed = ", ".join(f"{a}: {t} = {d!r}" for a, t, d in zip(ARGS, ("int", "int", "float"), (4096, 16, 0.125)))
     source = "".join(FACTORY.format(name=n, args=typed) for n in NAMES)
-    make_dist(site, DIST, "2024.10.1", {"sweeper.models": {n: f"acme_long_models:{n}" for n in NAMES}},
-              {"acme_long_models.py": source})
+    make_dist(
+        site,
+        DIST,
+        "2024.10.1",
+        {"sweeper.models": {n: f"acme_long_models:{n}" for n in NAMES}},
+        {"acme_long_models.py": source},
+    )
     registry.refresh()
 
     with_args = listing("--args").stdout.splitlines()
@@ -51,7 +65,9 @@ def test_listing_fits_80_columns_with_many_long_named_plugins(site: Path):
     for name in NAMES:
         # the header wraps at spaces: the name and the distribution stay whole
         assert re.search(rf"^model {name}\s+\({DIST} 2024\.10\.1, ", text, re.M), name
-    assert text.count(f"  {ARGS[0]}: int = 4096") == len(NAMES) and text.count(f"  {ARGS[2]}: float = 0.125") == len(NAMES)
+    assert text.count(f"  {ARGS[0]}: int = 4096") == len(NAMES) and text.count(f"  {ARGS[2]}: float = 0.125") == len(
+        NAMES
+    )
     assert "  hidden: int = 256" in text  # the built-ins are listed too
     assert len(with_args) < 6 * (len(NAMES) + 20)  # blocks of a few lines, not a thousand fragments
     # the table: a row (or two, where a long name folds) per plugin, no entry-point column at 80

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from conftest import config, learned
+
 from sweeper.search import pool as pool_module
 from sweeper.search.pool import InlineExecutor, ProcessPool, discard_prestarted, executor, prestart
 from sweeper.trial.build import TrialConfig

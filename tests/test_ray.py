@@ -13,21 +13,28 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import children, sweeper, wait_for, write_spec
+from mlflow.tracking import MlflowClient
 from raycluster import LoopbackCluster
 
 
 def ray_spec(path: Path, experiment: str, **search: object) -> Path:
     """smoke.yaml on the Ray backend: 2 epochs, ASHA, one CPU per trial."""
-    base = {"backend": "ray", "sampler": "tpe", "n_trials": 4,
-            "pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 2},
-            "resources": {"cpu": 1}, "ray": {"num_cpus": 2},
-            "space": {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
-                      "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}}
-    return write_spec(path, train={"epochs": 2, "batch_size": 32}, tracking={"experiment": experiment},
-                      search={**base, **search})
+    base = {
+        "backend": "ray",
+        "sampler": "tpe",
+        "n_trials": 4,
+        "pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 2},
+        "resources": {"cpu": 1},
+        "ray": {"num_cpus": 2},
+        "space": {
+            "optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+            "model.args.hidden": {"type": "categorical", "choices": [16, 32]},
+        },
+    }
+    return write_spec(
+        path, train={"epochs": 2, "batch_size": 32}, tracking={"experiment": experiment}, search={**base, **search}
+    )
 
 
 def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
@@ -79,15 +86,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     c.stop()
 
 
-def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
-                                                monkeypatch: pytest.MonkeyPatch):
+def test_sweep_on_a_two_node_cluster_by_address(
+    workdir: Path, mlflow_uri: str, cluster: LoopbackCluster, monkeypatch: pytest.MonkeyPatch
+):
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):  # the cluster's token, as its users would have it
         monkeypatch.setenv(key, cluster.env[key])
-    spec = ray_spec(workdir / "s.yaml", "ray-cluster", sampler="random",
-                    pruner={"type": "none"}, ray={"address": cluster.address, "max_concurrent_trials": 2})
+    spec = ray_spec(
+        workdir / "s.yaml",
+        "ray-cluster",
+        sampler="random",
+        pruner={"type": "none"},
+        ray={"address": cluster.address, "max_concurrent_trials": 2},
+    )
     refused = sweeper("run", str(spec), "--out", "out", "-q")  # <out>/ray: not shared storage
-    assert refused.returncode == 2 and "this 2-node Ray cluster runs trials on other machines" in \
-        " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and "this 2-node Ray cluster runs trials on other machines" in " ".join(
+        refused.stderr.split()
+    )
     # every node of this cluster is on this machine: a local folder is a shared mount for them
     shared = f"search.ray.storage_path=file://{workdir / 'ray'}"
     sweeper("run", str(spec), shared, "export.keep_checkpoints=all", "--out", "out", "-q", check=True)
@@ -101,8 +115,9 @@ def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, 
     assert {r.data.tags["sweeper.ray_node_id"] for r in runs} == set(cluster.node_ids)
 
     # keep_checkpoints: all fetched every trial's final state from the shared storage
-    assert sorted(p.name for p in (workdir / "out" / "checkpoints").iterdir()) == \
-        [f"trial-{n:05d}.pt" for n in range(4)]
+    assert sorted(p.name for p in (workdir / "out" / "checkpoints").iterdir()) == [
+        f"trial-{n:05d}.pt" for n in range(4)
+    ]
     # trial.json: the same fields as on the Optuna backend; `sweeper export` takes a Ray trial's
     # run, here one that is not the best and ran on the other node than the best
     from sweeper.track.records import TrialJson
@@ -118,14 +133,24 @@ def test_sweep_on_a_two_node_cluster_by_address(workdir: Path, mlflow_uri: str, 
     assert "export/model.onnx" in {a.path for a in client.list_artifacts(other["mlflow_run_id"], "export")}
 
 
-def test_submit_runs_the_sweep_as_a_ray_job(workdir: Path, mlflow_uri: str, cluster: LoopbackCluster,
-                                           monkeypatch: pytest.MonkeyPatch):
+def test_submit_runs_the_sweep_as_a_ray_job(
+    workdir: Path, mlflow_uri: str, cluster: LoopbackCluster, monkeypatch: pytest.MonkeyPatch
+):
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
         monkeypatch.setenv(key, cluster.env[key])
     spec = ray_spec(workdir / "s.yaml", "ray-job", n_trials=2, sampler="random", pruner={"type": "none"})
     dashboard = f"http://127.0.0.1:{cluster.dashboard_port}"
-    proc = sweeper("submit", str(spec), "train.epochs=1", f"search.ray.storage_path=file://{workdir / 'ray'}",
-                   "--address", dashboard, "--out", str(workdir / "job-out"), check=True)
+    proc = sweeper(
+        "submit",
+        str(spec),
+        "train.epochs=1",
+        f"search.ray.storage_path=file://{workdir / 'ray'}",
+        "--address",
+        dashboard,
+        "--out",
+        str(workdir / "job-out"),
+        check=True,
+    )
     job_id = re.search(r"submitted Ray job (\S+);", proc.stdout).group(1)
     assert f"ray job logs --follow --address {dashboard} {job_id}" in proc.stdout
 
@@ -155,8 +180,13 @@ def _finished_in_snapshot(out: Path) -> int:
 def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: str, gate: Path):
     # one trial at a time; the third one stops at its second epoch until released (the gate
     # plugin), so the kill lands while trials 0-1 are done and trial 2 runs, whatever the speed
-    spec = ray_spec(workdir / "s.yaml", "ray-resume", n_trials=4, pruner={"type": "none"},
-                    ray={"num_cpus": 1, "max_concurrent_trials": 1})
+    spec = ray_spec(
+        workdir / "s.yaml",
+        "ray-resume",
+        n_trials=4,
+        pruner={"type": "none"},
+        ray={"num_cpus": 1, "max_concurrent_trials": 1},
+    )
     args = ["train.epochs=3", f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 3, epoch: 2}}}}"]
     cmd = [sys.executable, "-m", "sweeper", "run", str(spec), *args, "--out", "out", "-q"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -197,10 +227,13 @@ def test_killed_sweep_resumes_without_losing_trials(workdir: Path, mlflow_uri: s
     assert len(children(client, summary["mlflow"]["parent_run_id"])) == 5  # 4 trials + 1 interrupted run
 
 
-@pytest.mark.parametrize("override, message", [
-    ("search.parallel=2", "search.parallel is an Optuna backend option and backend is 'ray'"),
-    ("search.storage=sqlite:///x.db", "search.storage is an Optuna backend option"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("search.parallel=2", "search.parallel is an Optuna backend option and backend is 'ray'"),
+        ("search.storage=sqlite:///x.db", "search.storage is an Optuna backend option"),
+    ],
+)
 def test_optuna_only_options_are_refused_with_ray(workdir: Path, override: str, message: str):
     proc = sweeper("validate", str(ray_spec(workdir / "s.yaml", "x")), override)
     assert proc.returncode == 2 and message in proc.stderr.replace("\n", "")
@@ -232,16 +265,35 @@ def _ray_worker(pid: int) -> bool:
 def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Path, mlflow_uri: str, gate: Path):
     # one trial at a time; search.ray.max_failures: 1 makes trials checkpoint every epoch; trial 0
     # stops at the start of epoch 4 (the gate plugin), after report(epoch 3) stored its checkpoint
-    spec = ray_spec(workdir / "s.yaml", "ray-retry", n_trials=2, sampler="random", pruner={"type": "none"},
-                    ray={"num_cpus": 1, "max_concurrent_trials": 1, "max_failures": 1})
+    spec = ray_spec(
+        workdir / "s.yaml",
+        "ray-retry",
+        n_trials=2,
+        sampler="random",
+        pruner={"type": "none"},
+        ray={"num_cpus": 1, "max_concurrent_trials": 1, "max_failures": 1},
+    )
     epochs, stop = 6, 4
-    cmd = [sys.executable, "-m", "sweeper", "run", str(spec), f"train.epochs={epochs}", "--out", "out", "-q",
-           f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 1, epoch: {stop}}}}}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sweeper",
+        "run",
+        str(spec),
+        f"train.epochs={epochs}",
+        "--out",
+        "out",
+        "-q",
+        f"schedule={{plugin: gate, args: {{folder: '{gate}', build: 1, epoch: {stop}}}}}",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     client = MlflowClient(mlflow_uri)
     try:
-        wait_for(lambda: (gate / "blocked").exists() and (gate / "blocked").read_text(), proc,
-                 what="trial 0 reaching its gate")
+        wait_for(
+            lambda: (gate / "blocked").exists() and (gate / "blocked").read_text(),
+            proc,
+            what="trial 0 reaching its gate",
+        )
         exp = client.get_experiment_by_name("ray-retry")
         (victim,) = client.search_runs([exp.experiment_id], "tags.`sweeper.trial` = '0'")
         pid = int(victim.data.tags["sweeper.pid"])
@@ -272,8 +324,9 @@ def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Pat
     # its log and its checkpoint), then with the same value (the resume is bitwise)
     assert all(steps.count(e) == 1 for e in range(1, resumed_from + 1))
     assert all(len({m.value for m in logged if m.step == e}) == 1 for e in set(steps))
-    assert [h["val_acc"] for h in trial["history"]] == [next(m.value for m in logged if m.step == e)
-                                                         for e in range(1, epochs + 1)]
+    assert [h["val_acc"] for h in trial["history"]] == [
+        next(m.value for m in logged if m.step == e) for e in range(1, epochs + 1)
+    ]
     assert len(children(client, summary["mlflow"]["parent_run_id"])) == 2  # no run for the retry
 
     # the interrupted-and-resumed trial equals an uninterrupted one, every epoch, bitwise
@@ -282,16 +335,24 @@ def test_a_killed_worker_retries_its_trial_from_its_last_checkpoint(workdir: Pat
 
 
 def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: Path, mlflow_uri: str):
-    space = {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
-             "optimizer.args.weight_decay": {"type": "float", "low": 1.0e-6, "high": 1.0e-2, "log": True},
-             "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}
+    space = {
+        "optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+        "optimizer.args.weight_decay": {"type": "float", "low": 1.0e-6, "high": 1.0e-2, "log": True},
+        "model.args.hidden": {"type": "categorical", "choices": [16, 32]},
+    }
     # a population of 4 side by side (half a CPU each), 8 epochs: perturbations at epochs 2, 4 and 6,
     # synchronous: each round ranks all 4, so the last one always takes over the first one's state
-    spec = ray_spec(workdir / "s.yaml", "ray-pbt", n_trials=4, sampler="random", space=space,
-                    pruner={"type": "pbt", "perturbation_interval": 2, "synch": True}, resources={"cpu": 0.5})
+    spec = ray_spec(
+        workdir / "s.yaml",
+        "ray-pbt",
+        n_trials=4,
+        sampler="random",
+        space=space,
+        pruner={"type": "pbt", "perturbation_interval": 2, "synch": True},
+        resources={"cpu": 0.5},
+    )
     epochs = 8
-    sweeper("run", str(spec), f"train.epochs={epochs}", "dataset.args.num_train=2048", "--out", "out", "-q",
-            check=True)
+    sweeper("run", str(spec), f"train.epochs={epochs}", "dataset.args.num_train=2048", "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     trials = {t["number"]: t for t in summary["trials"]}
     assert sorted(trials) == [0, 1, 2, 3]
@@ -312,8 +373,12 @@ def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: 
 
         # Tune's own record of the trial since its last start (Tune rewrites result.json then): after
         # the exploit it reported epochs after k, not from 1, as its iterations k+1, k+2, ...
-        rows = [json.loads(line) for line in next((workdir / "out" / "ray" / "smoke").glob(
-            f"trial-{t['number']:05d}-*/result.json")).read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in next((workdir / "out" / "ray" / "smoke").glob(f"trial-{t['number']:05d}-*/result.json"))
+            .read_text()
+            .splitlines()
+        ]
         rows = [(r["epoch"], r["training_iteration"]) for r in rows if r["mlflow_run_id"] == t["mlflow_run_id"]]
         assert rows and all(e > k and i == e for e, i in rows) and rows[-1][0] == epochs, rows
 
@@ -325,13 +390,20 @@ def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: 
         assert [m.step for m in logged] == list(range(1, epochs + 1))
         assert [m.value for m in logged] == [h["val_acc"] for h in t["history"]]
         donor_runs = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{donor}'")
-        donor_curves = [[m.value for m in sorted(client.get_metric_history(r.info.run_id, "val_acc"),
-                                                 key=lambda m: m.step) if m.step <= k] for r in donor_runs]
+        donor_curves = [
+            [
+                m.value
+                for m in sorted(client.get_metric_history(r.info.run_id, "val_acc"), key=lambda m: m.step)
+                if m.step <= k
+            ]
+            for r in donor_runs
+        ]
         assert [m.value for m in logged[:k]] in donor_curves  # what the donor had logged by epoch k
 
         # the trial's earlier run is closed as exploited; its lr changed mid-run
-        earlier = client.search_runs([run.info.experiment_id], f"tags.`sweeper.trial` = '{t['number']}' "
-                                                                 f"and tags.`sweeper.state` = 'exploited'")
+        earlier = client.search_runs(
+            [run.info.experiment_id], f"tags.`sweeper.trial` = '{t['number']}' and tags.`sweeper.state` = 'exploited'"
+        )
         assert earlier and all(r.info.status == "FINISHED" for r in earlier)
         assert float(run.data.params["optimizer.args.lr"]) == exploit["params"]["optimizer.args.lr"]
         assert {float(r.data.params["optimizer.args.lr"]) for r in earlier} != {exploit["params"]["optimizer.args.lr"]}

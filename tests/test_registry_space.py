@@ -17,25 +17,41 @@ from sweeper.spec import space as sp
 
 def test_builtins_register_through_entry_points():
     names = {(p.kind, p.name) for p in registry.list_plugins()}
-    for expected in [("models", "mlp"), ("models", "cnn"), ("models", "resnet18"), ("datasets", "cifar10"),
-                     ("datasets", "digits"), ("datasets", "synthetic"), ("optimizers", "sgd"),
-                     ("optimizers", "adam"), ("optimizers", "adamw"), ("schedules", "none"),
-                     ("schedules", "onecycle"), ("schedules", "cosine"), ("schedules", "step"),
-                     ("schedules", "plateau")]:
+    for expected in [
+        ("models", "mlp"),
+        ("models", "cnn"),
+        ("models", "resnet18"),
+        ("datasets", "cifar10"),
+        ("datasets", "digits"),
+        ("datasets", "synthetic"),
+        ("optimizers", "sgd"),
+        ("optimizers", "adam"),
+        ("optimizers", "adamw"),
+        ("schedules", "none"),
+        ("schedules", "onecycle"),
+        ("schedules", "cosine"),
+        ("schedules", "step"),
+        ("schedules", "plateau"),
+    ]:
         assert expected in names
     assert {p.distribution for p in registry.list_plugins()} == {"sweeper"}
 
 
 def test_listing_imports_no_plugin():
-    code = ("import sys; from sweeper.pluginhost.registry import list_plugins; assert len(list_plugins()) >= 14; "
-            "print([m for m in sys.modules if m.startswith(('sweeper_plugins', 'torch'))])")
+    code = (
+        "import sys; from sweeper.pluginhost.registry import list_plugins; assert len(list_plugins()) >= 14; "
+        "print([m for m in sys.modules if m.startswith(('sweeper_plugins', 'torch'))])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_unknown_name_lists_what_is_available():
-    with pytest.raises(UserError, match=r"unknown dataset plugin 'digit'\. Did you mean 'digits'\?.*"
-                                        r"Available: cifar10, digits, synthetic"):
+    with pytest.raises(
+        UserError,
+        match=r"unknown dataset plugin 'digit'\. Did you mean 'digits'\?.*"
+        r"Available: cifar10, digits, synthetic",
+    ):
         registry.get("datasets", "digit")
 
 
@@ -47,8 +63,11 @@ def test_qualified_name_pins_a_distribution():
 
 def test_bind_args_checks_signatures():
     bind_args("optimizers", "sgd", {"lr": 0.1, "momentum": 0.9}, "optimizer.args")
-    with pytest.raises(UserError, match="model.args.widht: model plugin 'resnet18' has no argument 'widht' "
-                                        r"\(did you mean 'width'\?\); it accepts: width"):
+    with pytest.raises(
+        UserError,
+        match="model.args.widht: model plugin 'resnet18' has no argument 'widht' "
+        r"\(did you mean 'width'\?\); it accepts: width",
+    ):
         bind_args("models", "resnet18", {"widht": 3}, "model.args")
 
 
@@ -57,11 +76,14 @@ def _space(**params) -> dict:
 
 
 def test_conditional_parameters_are_sampled_only_when_their_condition_holds():
-    space = _space(**{"optimizer.plugin": {"type": "categorical", "choices": ["sgd", "adam"]},
-                      "optimizer.args.momentum": {"type": "float", "low": 0.5, "high": 0.9,
-                                                  "when": {"optimizer.plugin": "sgd"}},
-                      "optimizer.args.lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
-                      "train.batch_size": {"type": "int", "low": 16, "high": 64, "step": 16}})
+    space = _space(
+        **{
+            "optimizer.plugin": {"type": "categorical", "choices": ["sgd", "adam"]},
+            "optimizer.args.momentum": {"type": "float", "low": 0.5, "high": 0.9, "when": {"optimizer.plugin": "sgd"}},
+            "optimizer.args.lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},
+            "train.batch_size": {"type": "int", "low": 16, "high": 64, "step": 16},
+        }
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(30):
@@ -77,12 +99,20 @@ def test_conditional_parameters_are_sampled_only_when_their_condition_holds():
 
 def test_conditions_are_ordered_and_cycles_rejected():
     # the dependent parameter is declared first, yet sampled after the one it depends on
-    space = _space(**{"model.args.hidden": {"type": "int", "low": 1, "high": 4, "when": {"model.plugin": "mlp"}},
-                      "model.plugin": {"type": "categorical", "choices": ["mlp", "cnn"]}})
+    space = _space(
+        **{
+            "model.args.hidden": {"type": "int", "low": 1, "high": 4, "when": {"model.plugin": "mlp"}},
+            "model.plugin": {"type": "categorical", "choices": ["mlp", "cnn"]},
+        }
+    )
     assert [p for p, _ in sp.ordered(space)] == ["model.plugin", "model.args.hidden"]
     with pytest.raises(ValueError, match="form a cycle"):
-        _space(**{"model.args.a": {"type": "categorical", "choices": [1], "when": {"model.args.b": 1}},
-                  "model.args.b": {"type": "categorical", "choices": [1], "when": {"model.args.a": 1}}})
+        _space(
+            **{
+                "model.args.a": {"type": "categorical", "choices": [1], "when": {"model.args.b": 1}},
+                "model.args.b": {"type": "categorical", "choices": [1], "when": {"model.args.a": 1}},
+            }
+        )
 
 
 def test_grid_values():

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import learned, sweeper, write_spec
+from mlflow.tracking import MlflowClient
 
 # 10 trials in batches of 4, median pruning from the second batch on
 ARGS = ["search.n_trials=10", "train.epochs=4", "search.pruner={type: median, min_epochs: 1, startup_trials: 2}"]
@@ -88,12 +87,17 @@ def test_replay_of_an_unknown_run_is_a_user_error():
     assert proc.returncode == 2 and "not a sweeper trial run" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("forge, field", [
-    (lambda r: {k: v for k, v in r.items() if k != "seed"}, "seed: Field required"),
-    (lambda r: {**r, "threads": "many"}, "threads: Input should be a valid integer"),
-    (lambda r: {**r, "spec": {**r["spec"], "train": {**r["spec"]["train"], "epochs": "ten"}}},
-     "spec.train.epochs: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "forge, field",
+    [
+        (lambda r: {k: v for k, v in r.items() if k != "seed"}, "seed: Field required"),
+        (lambda r: {**r, "threads": "many"}, "threads: Input should be a valid integer"),
+        (
+            lambda r: {**r, "spec": {**r["spec"], "train": {**r["spec"]["train"], "epochs": "ten"}}},
+            "spec.train.epochs: Input should be a valid integer",
+        ),
+    ],
+)
 def test_a_forged_trial_json_is_a_user_error_naming_the_field(runs, mlflow_uri: str, tmp_path: Path, forge, field):
     client = MlflowClient(mlflow_uri)
     trial = json.loads((runs["first"] / "summary.json").read_text())["trials"][0]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import learned, write_tiny_cifar
 from conftest import config as smoke_config
+from conftest import learned, write_tiny_cifar
+
 from sweeper.trial import checkpoint
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.checkpoint import Resume
@@ -25,6 +25,7 @@ def config(*overrides: str) -> TrialConfig:
 
 def stopped_at(cfg: TrialConfig, path: Path, epoch: int = STOP) -> None:
     """Train until ``epoch``, save the state at its end (as a worker would), then stop."""
+
     class Stop(Exception):
         pass
 
@@ -39,13 +40,18 @@ def stopped_at(cfg: TrialConfig, path: Path, epoch: int = STOP) -> None:
 
 CASES = {
     "adam+cosine+dropout": ["model.args={hidden: 32, depth: 2, dropout: 0.3}"],
-    "sgd+onecycle+accumulation": ["optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.9, nesterov: true}}",
-                                  "schedule.plugin=onecycle", "train.accumulate=4"],
+    "sgd+onecycle+accumulation": [
+        "optimizer={plugin: sgd, args: {lr: 0.05, momentum: 0.9, nesterov: true}}",
+        "schedule.plugin=onecycle",
+        "train.accumulate=4",
+    ],
     "adamw+plateau": ["optimizer.plugin=adamw", "schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}"],
     "cifar augmentation+cnn+warm-up": [
-        "dataset={plugin: cifar10, args: {root: tiny, val_fraction: 0.2}}", "train.batch_size=16",
+        "dataset={plugin: cifar10, args: {root: tiny, val_fraction: 0.2}}",
+        "train.batch_size=16",
         "model={plugin: cnn, args: {channels: 4, blocks: 1, dropout: 0.2}}",
-        "schedule={plugin: cosine, args: {warmup_epochs: 1}}"],
+        "schedule={plugin: cosine, args: {warmup_epochs: 1}}",
+    ],
 }
 
 
@@ -69,8 +75,9 @@ def test_resumed_training_is_bitwise_the_uninterrupted_one(case: str, tmp_path: 
     assert learned(resumed.history) == learned(straight.history)  # every epoch, bitwise
     for a, b in zip(straight.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
-    for a, b in zip(straight.optimizer.state_dict()["state"].values(),
-                    resumed.optimizer.state_dict()["state"].values()):
+    for a, b in zip(
+        straight.optimizer.state_dict()["state"].values(), resumed.optimizer.state_dict()["state"].values()
+    ):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -92,8 +99,13 @@ def test_new_hyperparameters_keep_weights_and_buffers_and_move_the_schedule(sche
     straight_new = run_trial(new_cfg, lambda e, m: None, CPU)  # its schedule, from epoch 1
 
     captured: list[checkpoint.State] = []
-    adopted = run_trial(new_cfg, lambda e, m: None, CPU, resume=Resume(donor, new_hyperparameters=True),
-                        on_epoch_end=lambda s: captured.append(s))
+    adopted = run_trial(
+        new_cfg,
+        lambda e, m: None,
+        CPU,
+        resume=Resume(donor, new_hyperparameters=True),
+        on_epoch_end=lambda s: captured.append(s),
+    )
     assert learned(adopted.history[:STOP]) == learned(donor["history"])  # the donor's epochs as the start
     # the new schedule from the donor's step on: the LRs the new config has at epochs 3 and 4
     assert [h["lr"] for h in adopted.history[STOP:]] == [h["lr"] for h in straight_new.history[STOP:]]
@@ -111,9 +123,14 @@ def test_new_hyperparameters_carry_the_optimizer_buffers_not_its_settings(tmp_pa
     from sweeper.trial.build import build
 
     parts = build(new_cfg, CPU)
-    checkpoint.restore(Resume(donor, new_hyperparameters=True), model=parts.model, optimizer=parts.optimizer,
-                       scheduler=parts.scheduler, scaler=torch.amp.GradScaler("cpu", enabled=False),
-                       generators={})
+    checkpoint.restore(
+        Resume(donor, new_hyperparameters=True),
+        model=parts.model,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        generators={},
+    )
     state = parts.optimizer.state_dict()
     assert state["param_groups"][0]["lr"] == 0.002 and state["param_groups"][0]["weight_decay"] == 0.01
     for mine, theirs in zip(state["state"].values(), donor["optimizer"]["state"].values()):
@@ -130,7 +147,11 @@ def test_new_hyperparameters_with_plateau_keep_the_cuts_so_far(tmp_path: Path):
     donor = checkpoint.load(path)
     cut = donor["optimizer"]["param_groups"][0]["lr"] / 0.3
     assert cut < 1  # the donor's plateau schedule has cut its LR at least once
-    adopted = run_trial(config(plateau, "optimizer.args={lr: 0.1}"), lambda e, m: None, CPU,
-                        resume=Resume(donor, new_hyperparameters=True))
+    adopted = run_trial(
+        config(plateau, "optimizer.args={lr: 0.1}"),
+        lambda e, m: None,
+        CPU,
+        resume=Resume(donor, new_hyperparameters=True),
+    )
     # the epoch-3 LR: 0.1 with the donor's cut, and maybe one more (patience 0)
     assert adopted.history[STOP]["lr"] in (pytest.approx(0.1 * cut), pytest.approx(0.1 * cut * 0.5))

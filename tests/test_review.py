@@ -10,9 +10,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from conftest import children, sweeper, wait_for, write_spec
+from mlflow.tracking import MlflowClient
 from mlflow_server import free_port
 
 
@@ -50,8 +49,12 @@ def test_dashboard_serves_the_sweeps_study_with_its_objective_named(workdir: Pat
     spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
     sweeper("run", str(spec), "search.n_trials=2", "train.epochs=2", "--out", "out", "-q", check=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # it says where it serves before it starts
         assert f"http://127.0.0.1:{port}/dashboard/studies/" in line, line
@@ -65,8 +68,9 @@ def test_dashboard_serves_the_sweeps_study_with_its_objective_named(workdir: Pat
         wait_for(answers, proc, what="optuna-dashboard answering")
         studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies").read())
         (study,) = [s for s in studies["study_summaries"] if s["study_name"] == "smoke"]
-        detail = json.loads(urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0").read())
+        detail = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0").read()
+        )
         assert detail["objective_names"] == ["val_acc"]  # not "Objective 0"
         assert len(detail["trials"]) == 2
         attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
@@ -82,10 +86,12 @@ def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
     from sweeper.trial.estimate import Estimate
 
     spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
-    out = sweeper("validate", str(spec), "search.n_trials=5", "search.parallel=2", "train.epochs=3", "--estimate",
-                  check=True).stdout
-    step, evaluation, steps = re.search(r"([\d.]+) ms a step, ([\d.]+) ms an evaluation, (\d+) steps an epoch",
-                                        out).groups()
+    out = sweeper(
+        "validate", str(spec), "search.n_trials=5", "search.parallel=2", "train.epochs=3", "--estimate", check=True
+    ).stdout
+    step, evaluation, steps = re.search(
+        r"([\d.]+) ms a step, ([\d.]+) ms an evaluation, (\d+) steps an epoch", out
+    ).groups()
     assert int(steps) == 8  # 256 training samples, batches of 32
     trial = float(re.search(r"# a trial: ([\d.]+) s \(3 epochs\)", out).group(1))
     assert abs(trial - 3 * (8 * float(step) + float(evaluation)) / 1000) <= 0.1  # the printed figures' rounding
@@ -100,11 +106,20 @@ def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
 
 def test_the_sweeps_run_holds_its_report_and_plots_and_sweeper_report_writes_it_again(workdir: Path, mlflow_uri: str):
     # a grid of 4: lr 1e12 fails (a non-finite loss); hidden varies among the complete ones, lr does not
-    spec = write_spec(workdir / "s.yaml", optimizer={"plugin": "sgd", "args": {"lr": 0.1}}, schedule={"plugin": "none"},
-                      search={"sampler": "grid", "n_trials": 4, "space": {
-                          "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]},
-                          "model.args.hidden": {"type": "categorical", "choices": [16, 32]}}},
-                      tracking={"experiment": "review-report"})
+    spec = write_spec(
+        workdir / "s.yaml",
+        optimizer={"plugin": "sgd", "args": {"lr": 0.1}},
+        schedule={"plugin": "none"},
+        search={
+            "sampler": "grid",
+            "n_trials": 4,
+            "space": {
+                "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]},
+                "model.args.hidden": {"type": "categorical", "choices": [16, 32]},
+            },
+        },
+        tracking={"experiment": "review-report"},
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     assert summary["counts"] == {"complete": 2, "failed": 2}
@@ -153,14 +168,21 @@ def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, 
     class Inner:
         def started(self, spec, out_dir): ...
         def note(self, text): ...
-        def event(self, event): seen.append(event)
+        def event(self, event):
+            seen.append(event)
 
     review = InterimReview(Inner(), spec, tracker, parent)
     for n, (lr, hidden) in enumerate([(0.01, 16), (0.001, 32), (0.05, 32), (0.002, 16), (0.02, 16)]):
         history = [{"val_acc": 0.5 + 0.1 * epoch * (n + 1) / 5, "val_loss": 1.0 / epoch} for epoch in (1, 2, 3)]
-        record = TrialRecord(number=n, state="complete", params={"optimizer.args.lr": lr, "model.args.hidden": hidden},
-                             value=history[-1]["val_acc"], values={"val_acc": history[-1]["val_acc"]},
-                             epochs=3, history=history)
+        record = TrialRecord(
+            number=n,
+            state="complete",
+            params={"optimizer.args.lr": lr, "model.args.hidden": hidden},
+            value=history[-1]["val_acc"],
+            values={"val_acc": history[-1]["val_acc"]},
+            epochs=3,
+            history=history,
+        )
         review.event(TrialEvent.start(n))
         review.event(TrialEvent.end(record))
     assert review.close() is None
@@ -170,6 +192,8 @@ def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, 
     covered = int(run.data.tags["sweeper.review_trials"])
     assert covered in (4, 5)  # the last boundary (every 2), or the trials ended by the time it was drawn
     client = MlflowClient(mlflow_uri)
-    assert {"plots/history.png", "plots/importance.png"} <= {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/history.png", "plots/importance.png"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id, "plots")
+    }
     page = Path(client.download_artifacts(run.info.run_id, "report.html", str(workdir))).read_text()
     assert f"running: {covered} trials so far" in page and f"Trials ({covered})" in page

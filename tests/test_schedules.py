@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import SPACES, sweeper
+
 from sweeper.pluginhost import registry
 from sweeper.spec import load
 from sweeper.trial.preflight import dry_build
@@ -17,12 +17,16 @@ STEPS = 8  # optimizer steps: the whole schedule (2 epochs x 4 steps): one-cycle
 
 
 @pytest.mark.parametrize("schedule", BUILT_IN)
-@pytest.mark.parametrize("optimizer, args, key, value", [
-    ("sgd", {"lr": 0.1, "momentum": 0.8}, "momentum", 0.8),
-    ("adamw", {"lr": 0.01, "betas": [0.7, 0.98]}, "betas", (0.7, 0.98)),
-])
-def test_every_built_in_schedule_leaves_momentum_and_betas_alone(schedule: str, optimizer: str, args: dict,
-                                                                 key: str, value: object):
+@pytest.mark.parametrize(
+    "optimizer, args, key, value",
+    [
+        ("sgd", {"lr": 0.1, "momentum": 0.8}, "momentum", 0.8),
+        ("adamw", {"lr": 0.01, "betas": [0.7, 0.98]}, "betas", (0.7, 0.98)),
+    ],
+)
+def test_every_built_in_schedule_leaves_momentum_and_betas_alone(
+    schedule: str, optimizer: str, args: dict, key: str, value: object
+):
     model = torch.nn.Linear(4, 2)
     opt = registry.get("optimizers", optimizer)(model.parameters(), **args)
     sched = registry.get("schedules", schedule)(opt, epochs=2, steps_per_epoch=4)
@@ -38,8 +42,11 @@ def test_every_built_in_schedule_leaves_momentum_and_betas_alone(schedule: str, 
 
 
 def test_a_schedule_that_overrides_a_searched_momentum_is_warned_about(workdir):
-    overrides = ["optimizer={plugin: sgd, args: {lr: 0.1}}", "schedule={plugin: onecycle, args: {cycle_momentum: true}}",
-                 "search.space={optimizer.args.momentum: {type: float, low: 0.8, high: 0.99}}"]
+    overrides = [
+        "optimizer={plugin: sgd, args: {lr: 0.1}}",
+        "schedule={plugin: onecycle, args: {cycle_momentum: true}}",
+        "search.space={optimizer.args.momentum: {type: float, low: 0.8, high: 0.99}}",
+    ]
     (warning,) = dry_build(load(SPACES / "smoke.yaml", overrides)).warnings
     assert warning.startswith("schedule plugin 'onecycle' changes the optimizer's momentum from 0.8 to ")
     assert "optimizer.args.momentum gives (fixed or searched) has no effect" in warning

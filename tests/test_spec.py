@@ -7,9 +7,9 @@ import traceback
 from pathlib import Path
 
 import pytest
+from conftest import SPACES, sweeper, write_tiny_cifar
 from typer.testing import CliRunner
 
-from conftest import SPACES, sweeper, write_tiny_cifar
 from sweeper import spec as spec_mod
 from sweeper.cli import app
 from sweeper.errors import UserError
@@ -21,8 +21,9 @@ def validate(*args: str):
     """`sweeper validate` in this process. CliRunner catches exceptions instead of printing them:
     anything but typer's own exit (a user error's code 2) would be a traceback for a user."""
     result = runner.invoke(app, ["validate", *args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
-        "".join(traceback.format_exception(result.exception))
+    assert result.exception is None or isinstance(result.exception, SystemExit), "".join(
+        traceback.format_exception(result.exception)
+    )
     return result.exit_code, result.output
 
 
@@ -35,10 +36,16 @@ def test_shipped_specs_validate(workdir: Path):
 
 
 def test_overrides_set_nested_fields_and_space_keys():
-    spec = spec_mod.load(SPACES / "smoke.yaml", ["train.epochs=7", "search.n_trials=2",
-                                                  "search.space.optimizer.args.lr.high=0.5",
-                                                  "model.args={hidden: 8}",
-                                                  "search.space.model.args.hidden={type: int, low: 4, high: 9}"])
+    spec = spec_mod.load(
+        SPACES / "smoke.yaml",
+        [
+            "train.epochs=7",
+            "search.n_trials=2",
+            "search.space.optimizer.args.lr.high=0.5",
+            "model.args={hidden: 8}",
+            "search.space.model.args.hidden={type: int, low: 4, high: 9}",
+        ],
+    )
     assert spec.train.epochs == 7 and spec.search.n_trials == 2
     assert spec.search.space["optimizer.args.lr"].high == 0.5
     assert spec.model.args == {"hidden": 8}
@@ -64,34 +71,49 @@ def test_with_values_applies_searched_values():
     assert spec.optimizer.args["lr"] == 0.01  # the original is untouched
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["train.epochz=3"], "train.epochz: unknown key; expected one of: epochs, batch_size"),
-    (["train.epochs=three"], "train.epochs: Input should be a valid integer"),
-    (["train.epochs=0"], "train.epochs: Input should be greater than or equal to 1"),
-    (["search.space.optimizer.args.lr.low=2.0"], "search.space.optimizer.args.lr: low (2.0) must be <= high"),
-    (["search.space.optimizer.args.lr.low=0"], "log scale needs low > 0"),
-    (["search.space.optimizer.args.lr.type=floaty"], "search.space.optimizer.args.lr: Input tag 'floaty'"),
-    (["search.space.train.batch_size={type: float, low: 0.5, high: 2.5}"],
-     "search.space.train.batch_size: value 0.5 does not fit the spec"),
-    (["search.space.seed={type: int, low: 0, high: 3}"], "'seed' cannot be searched"),
-    (["search.space.train.epochs={type: int, low: 1, high: 3, when: {model.args.depth: 2}}"],
-     "refers to 'model.args.depth', which is not a parameter of the space"),
-    (["model.plugin=resnet19"], "unknown model plugin 'resnet19'. Did you mean 'resnet18'?"),
-    (["search.storage=postgresql+psycopg://ana:s3cret@db/sweeps"], "search.storage holds a password"),
-    (["tracking.mlflow_uri=https://ana:s3cret@mlflow:5000"], "tracking.mlflow_uri holds a password"),
-    (["search.heartbeat_s=60"], "lease_s (60) must exceed heartbeat_s (60)"),
-    (["optimizer.args.momentm=0.9"], "optimizer.args.momentm: optimizer plugin 'adam' has no argument"),
-    (["search.space.optimizer.args.momentm={type: float, low: 0.1, high: 0.9}"],
-     "optimizer.args.momentm: optimizer plugin 'adam' has no argument 'momentm'"),
-    (["model.args.input_shape=[1, 2]"], "model.args.input_shape: set by sweeper itself"),
-    (["train.epochs"], "override 'train.epochs': expected dotted.path=value"),
-    (["train.epochs.max=3"], "'train.epochs' is a value, not a section"),
-    (["train.epochs=[1"], "override train.epochs:1:3: invalid YAML"),
-    (["search.pruner.type=pbt"], "search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is 'optuna'"),
-    (["search.backend=ray", "search.pruner.type=pbt"], "search.pruner.type: 'pbt' needs search.sampler: random"),
-    (["search.backend=ray", "search.sampler=random", "search.pruner={type: pbt, mutations: [model.args.hidden]}"],
-     "search.pruner.mutations: 'model.args.hidden' cannot change mid-training"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["train.epochz=3"], "train.epochz: unknown key; expected one of: epochs, batch_size"),
+        (["train.epochs=three"], "train.epochs: Input should be a valid integer"),
+        (["train.epochs=0"], "train.epochs: Input should be greater than or equal to 1"),
+        (["search.space.optimizer.args.lr.low=2.0"], "search.space.optimizer.args.lr: low (2.0) must be <= high"),
+        (["search.space.optimizer.args.lr.low=0"], "log scale needs low > 0"),
+        (["search.space.optimizer.args.lr.type=floaty"], "search.space.optimizer.args.lr: Input tag 'floaty'"),
+        (
+            ["search.space.train.batch_size={type: float, low: 0.5, high: 2.5}"],
+            "search.space.train.batch_size: value 0.5 does not fit the spec",
+        ),
+        (["search.space.seed={type: int, low: 0, high: 3}"], "'seed' cannot be searched"),
+        (
+            ["search.space.train.epochs={type: int, low: 1, high: 3, when: {model.args.depth: 2}}"],
+            "refers to 'model.args.depth', which is not a parameter of the space",
+        ),
+        (["model.plugin=resnet19"], "unknown model plugin 'resnet19'. Did you mean 'resnet18'?"),
+        (["search.storage=postgresql+psycopg://ana:s3cret@db/sweeps"], "search.storage holds a password"),
+        (["tracking.mlflow_uri=https://ana:s3cret@mlflow:5000"], "tracking.mlflow_uri holds a password"),
+        (["search.heartbeat_s=60"], "lease_s (60) must exceed heartbeat_s (60)"),
+        (["optimizer.args.momentm=0.9"], "optimizer.args.momentm: optimizer plugin 'adam' has no argument"),
+        (
+            ["search.space.optimizer.args.momentm={type: float, low: 0.1, high: 0.9}"],
+            "optimizer.args.momentm: optimizer plugin 'adam' has no argument 'momentm'",
+        ),
+        (["model.args.input_shape=[1, 2]"], "model.args.input_shape: set by sweeper itself"),
+        (["train.epochs"], "override 'train.epochs': expected dotted.path=value"),
+        (["train.epochs.max=3"], "'train.epochs' is a value, not a section"),
+        (["train.epochs=[1"], "override train.epochs:1:3: invalid YAML"),
+        (["search.pruner.type=pbt"], "search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is 'optuna'"),
+        (["search.backend=ray", "search.pruner.type=pbt"], "search.pruner.type: 'pbt' needs search.sampler: random"),
+        (
+            [
+                "search.backend=ray",
+                "search.sampler=random",
+                "search.pruner={type: pbt, mutations: [model.args.hidden]}",
+            ],
+            "search.pruner.mutations: 'model.args.hidden' cannot change mid-training",
+        ),
+    ],
+)
 def test_each_user_error_is_one_clear_message(overrides: list[str], expected: str):
     code, out = validate(str(SPACES / "smoke.yaml"), *overrides)
     assert code == 2, out
@@ -100,14 +122,19 @@ def test_each_user_error_is_one_clear_message(overrides: list[str], expected: st
 
 def test_conditional_args_bind_only_to_their_plugin():
     # momentum exists for sgd, not adamw: allowed because it is sampled only when sgd is chosen
-    code, out = validate(str(SPACES / "smoke.yaml"), "optimizer.plugin=sgd",
-                         "search.space.optimizer.plugin={type: categorical, choices: [sgd, adamw]}",
-                         "search.space.optimizer.args.momentum={type: float, low: 0.5, high: 0.9, "
-                         "when: {optimizer.plugin: sgd}}")
+    code, out = validate(
+        str(SPACES / "smoke.yaml"),
+        "optimizer.plugin=sgd",
+        "search.space.optimizer.plugin={type: categorical, choices: [sgd, adamw]}",
+        "search.space.optimizer.args.momentum={type: float, low: 0.5, high: 0.9, when: {optimizer.plugin: sgd}}",
+    )
     assert code == 0, out
-    code, out = validate(str(SPACES / "smoke.yaml"), "optimizer.plugin=sgd",
-                         "search.space.optimizer.plugin={type: categorical, choices: [sgd, adamw]}",
-                         "search.space.optimizer.args.momentum={type: float, low: 0.5, high: 0.9}")
+    code, out = validate(
+        str(SPACES / "smoke.yaml"),
+        "optimizer.plugin=sgd",
+        "search.space.optimizer.plugin={type: categorical, choices: [sgd, adamw]}",
+        "search.space.optimizer.args.momentum={type: float, low: 0.5, high: 0.9}",
+    )
     assert code == 2 and "optimizer plugin 'adamw' has no argument 'momentum'" in " ".join(out.split())
 
 
@@ -137,8 +164,10 @@ def test_missing_sections_are_named(tmp_path: Path):
 def test_grid_sampler_needs_discrete_values():
     with pytest.raises(UserError, match="the grid sampler needs discrete values"):
         spec_mod.load(SPACES / "smoke.yaml", ["search.sampler=grid"])
-    spec = spec_mod.load(SPACES / "smoke.yaml", ["search.sampler=grid", "search.space.optimizer.args.lr.log=false",
-                                                  "search.space.optimizer.args.lr.step=0.05"])
+    spec = spec_mod.load(
+        SPACES / "smoke.yaml",
+        ["search.sampler=grid", "search.space.optimizer.args.lr.log=false", "search.space.optimizer.args.lr.step=0.05"],
+    )
     assert "4 trials" in spec.budget()  # 2 lr values x 2 widths, capped by n_trials=4
 
 

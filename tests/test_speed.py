@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import config, learned
+
 from sweeper.pluginhost import registry
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.build import TrialConfig, run_trial
@@ -56,6 +56,7 @@ def test_fused_optimizer_kernels_on_cuda_unless_the_spec_chose(name):
 def test_a_resumed_optimizer_keeps_its_buffers_in_the_parameters_layout():
     """A state saved from an NCHW model (on a CPU) resumed into a channels_last one (on CUDA):
     momentum buffers take the parameter's layout (fused kernels want them alike)."""
+
     def parts(layout: torch.memory_format):
         torch.manual_seed(0)
         model = _model("cnn", channels=4, blocks=1).to(memory_format=layout)
@@ -64,11 +65,25 @@ def test_a_resumed_optimizer_keeps_its_buffers_in_the_parameters_layout():
     model, opt = parts(torch.contiguous_format)
     model(torch.randn(4, 3, 32, 32)).sum().backward()
     opt.step()
-    state = checkpoint.capture(model=model, optimizer=opt, scheduler=None, scaler=torch.amp.GradScaler("cpu", enabled=False),
-                               generators={}, epoch=1, history=[], base_lrs=[0.1])
+    state = checkpoint.capture(
+        model=model,
+        optimizer=opt,
+        scheduler=None,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        generators={},
+        epoch=1,
+        history=[],
+        base_lrs=[0.1],
+    )
     resumed, resumed_opt = parts(torch.channels_last)
-    checkpoint.restore(checkpoint.Resume(state), model=resumed, optimizer=resumed_opt, scheduler=None,
-                       scaler=torch.amp.GradScaler("cpu", enabled=False), generators={})
+    checkpoint.restore(
+        checkpoint.Resume(state),
+        model=resumed,
+        optimizer=resumed_opt,
+        scheduler=None,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        generators={},
+    )
     conv = resumed[0].weight
     buffer = resumed_opt.state[conv]["momentum_buffer"]
     assert conv.is_contiguous(memory_format=torch.channels_last) and buffer.stride() == conv.stride()

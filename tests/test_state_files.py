@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import sweeper, write_spec
+
 from sweeper import files
 from sweeper.trial import checkpoint
 
@@ -42,7 +42,11 @@ def test_a_killed_writer_leaves_only_a_temp_file_which_the_next_run_removes(work
     """A real process killed mid-write: the target keeps its old content; its temp file is kept
     while the process lives (a worker sharing the folder may be writing it), removed after."""
     target = files.write_atomic(workdir / "export.json", "old")
-    writer = subprocess.Popen([sys.executable, "-c", f"""
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import sys, time
 from pathlib import Path
 from sweeper import files
@@ -50,7 +54,11 @@ with files.replacing(Path({str(target)!r})) as tmp:
     tmp.write_text("half of the new")
     print("writing", flush=True)
     time.sleep(600)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert writer.stdout.readline().strip() == "writing"  # the event: the temp file exists
         [tmp] = temps(workdir)
@@ -81,19 +89,30 @@ def test_run_rebuilds_a_truncated_lr_finder_cache_and_removes_stale_temps(workdi
     out = workdir / "out"
     (out / "checkpoints").mkdir(parents=True)
     (out / "lr_finder.json").write_text('{"{\\"settings\\": {\\"enabled\\": tr')  # cut mid-write
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     dead_pid = int(dead.stdout)  # a process that has exited
     stale = [out / f".summary.json.tmp-{dead_pid}-0a1b2c3d", out / "checkpoints" / f".trial-00000.pt.tmp-{dead_pid}-ff"]
     live = out / f".export.json.tmp-{os.getpid()}-abcdef12"  # this test process: alive, like a worker's
     for p in [*stale, live]:
         p.write_text("half")
     spec = write_spec(workdir / "s.yaml", tracking={"experiment": "state-files"})
-    proc = sweeper("run", str(spec), "search.lr_finder={enabled: true, steps: 20}", "search.n_trials=2",
-                   "--out", str(out), "-q", check=True)
+    proc = sweeper(
+        "run",
+        str(spec),
+        "search.lr_finder={enabled: true, steps: 20}",
+        "search.n_trials=2",
+        "--out",
+        str(out),
+        "-q",
+        check=True,
+    )
     assert "warning:" in proc.stderr and "lr_finder.json: unreadable LR finder cache" in proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"].get("complete") == 2 and summary["lr_finder"]["findings"]
     cache = json.loads((out / "lr_finder.json").read_text())  # rebuilt, whole
-    assert [f["steps"] for f in next(iter(cache.values())).values()] == [f["steps"] for f in summary["lr_finder"]["findings"]]
+    assert [f["steps"] for f in next(iter(cache.values())).values()] == [
+        f["steps"] for f in summary["lr_finder"]["findings"]
+    ]
     assert temps(out) == [live]  # the dead writers' temps are gone, the live one's kept

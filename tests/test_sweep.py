@@ -10,14 +10,22 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import SPACES, children, kill_at_gate, learned, sweeper, write_spec
+from mlflow.tracking import MlflowClient
 
 
 def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
-    proc = sweeper("run", str(SPACES / "digits.yaml"), "search.n_trials=3", "train.epochs=3",
-                   "tracking.experiment=e2e-digits", "--out", "out", "--quiet", check=True)
+    proc = sweeper(
+        "run",
+        str(SPACES / "digits.yaml"),
+        "search.n_trials=3",
+        "train.epochs=3",
+        "tracking.experiment=e2e-digits",
+        "--out",
+        "out",
+        "--quiet",
+        check=True,
+    )
     assert "output: out" in proc.stdout
     summary = json.loads((workdir / "out" / "summary.json").read_text())
 
@@ -61,21 +69,32 @@ def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
     data = digits(val_fraction=0.2, seed=derive(0, "data"))  # the split the sweep (seed 0) trained on
     np.save(workdir / "x.npy", data.val_x.numpy())
     np.save(workdir / "y.npy", data.val_y.numpy())
-    code = ("import sys, numpy as np, torch, warnings; warnings.simplefilter('ignore');"
-            "m = torch.jit.load('out/model.torchscript.pt');"
-            "x = torch.from_numpy(np.load('x.npy')); y = torch.from_numpy(np.load('y.npy'));"
-            "acc = (m(x).argmax(1) == y).float().mean().item();"
-            "assert not any(k.startswith('sweeper') for k in sys.modules); print(acc)")
+    code = (
+        "import sys, numpy as np, torch, warnings; warnings.simplefilter('ignore');"
+        "m = torch.jit.load('out/model.torchscript.pt');"
+        "x = torch.from_numpy(np.load('x.npy')); y = torch.from_numpy(np.load('y.npy'));"
+        "acc = (m(x).argmax(1) == y).float().mean().item();"
+        "assert not any(k.startswith('sweeper') for k in sys.modules); print(acc)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert abs(float(out.stdout) - best["value"]) < 1e-6
 
 
 def test_failing_trials_never_kill_the_sweep(workdir: Path, mlflow_uri: str):
-    spec = write_spec(workdir / "s.yaml", optimizer={"plugin": "sgd", "args": {"lr": 0.1}},
-                      search={"sampler": "grid", "n_trials": 4, "space": {
-                          "model.args.dropout": {"type": "categorical", "choices": [0.0, 1.5]},
-                          "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]}}},
-                      schedule={"plugin": "none"}, tracking={"experiment": "e2e-failures"})
+    spec = write_spec(
+        workdir / "s.yaml",
+        optimizer={"plugin": "sgd", "args": {"lr": 0.1}},
+        search={
+            "sampler": "grid",
+            "n_trials": 4,
+            "space": {
+                "model.args.dropout": {"type": "categorical", "choices": [0.0, 1.5]},
+                "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]},
+            },
+        },
+        schedule={"plugin": "none"},
+        tracking={"experiment": "e2e-failures"},
+    )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
     by_params = {(t["params"]["model.args.dropout"], t["params"]["optimizer.args.lr"]): t for t in trials}
@@ -137,12 +156,15 @@ def test_parallel_workers_share_one_study(workdir: Path, mlflow_uri: str):
     assert all(t["state"] in ("complete", "pruned") for t in summary["trials"])
     assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 4
     # only the best trial's checkpoint is kept
-    assert [p.name for p in (workdir / "out" / "checkpoints").iterdir()] == [f"trial-{summary['best']['number']:05d}.pt"]
+    assert [p.name for p in (workdir / "out" / "checkpoints").iterdir()] == [
+        f"trial-{summary['best']['number']:05d}.pt"
+    ]
 
 
 def test_live_display_shows_the_trials_table(workdir: Path):
-    proc = sweeper("run", str(SPACES / "smoke.yaml"), "search.n_trials=2", "tracking.enabled=false",
-                   "--out", "out", check=True)
+    proc = sweeper(
+        "run", str(SPACES / "smoke.yaml"), "search.n_trials=2", "tracking.enabled=false", "--out", "out", check=True
+    )
     assert "best so far" in proc.stdout and "best: trial" in proc.stdout
     assert "trials: 2 complete" in proc.stdout  # median pruning starts after 2 trials: none pruned
 
@@ -155,8 +177,18 @@ def test_asha_and_hyperband_prune_on_the_optuna_backend_whatever_the_workers(wor
     for parallel in (1, 2):
         spec = write_spec(workdir / "s.yaml", tracking={"experiment": f"prune-{pruner}"})
         out = workdir / f"out-{parallel}"
-        sweeper("run", str(spec), f"search.pruner={{type: {pruner}, min_epochs: 1}}", "search.n_trials=8",
-                "train.epochs=4", f"search.parallel={parallel}", "--out", str(out), "-q", check=True)
+        sweeper(
+            "run",
+            str(spec),
+            f"search.pruner={{type: {pruner}, min_epochs: 1}}",
+            "search.n_trials=8",
+            "train.epochs=4",
+            f"search.parallel={parallel}",
+            "--out",
+            str(out),
+            "-q",
+            check=True,
+        )
         trials = json.loads((out / "summary.json").read_text())["trials"]
         tables.append([(t["number"], t["state"], t["params"], learned(t["history"])) for t in trials])
         pruned = [t for t in trials if t["state"] == "pruned"]

@@ -27,8 +27,11 @@ def test_runs_nest_and_hold_what_was_logged(mlflow_uri: str, tmp_path: Path):
     run = client.get_run(child)
     assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags[f"{TAG}trial"] == "0"
     assert client.get_run(parent).data.params["long"] == "x" * 6000  # MLflow's cap on a param, not an error
-    assert [(m.step, m.value) for m in sorted(tracker.metric_history(child, "val_acc"), key=lambda m: m.step)] == \
-        [(1, 0.5), (2, 0.6), (3, 0.7)]
+    assert [(m.step, m.value) for m in sorted(tracker.metric_history(child, "val_acc"), key=lambda m: m.step)] == [
+        (1, 0.5),
+        (2, 0.6),
+        (3, 0.7),
+    ]
     assert tracker.read_json(child, "trial.json") == {"a": [1, 2]}
     assert "files/f.txt" in {a.path for a in client.list_artifacts(child, "files")}
 
@@ -53,9 +56,14 @@ def test_reading_what_is_not_there_is_a_lookup_error(mlflow_uri: str):
 def test_a_disabled_tracker_does_nothing(tmp_path: Path):
     tracker = Tracker(None)
     assert not tracker.enabled and tracker.start_run("x", tags={"a": "b"}) is None
-    for call in (lambda: tracker.log_metrics(None, 1, {"a": 1.0}), lambda: tracker.set_tags(None, {"a": 1}),
-                 lambda: tracker.log_dict(None, {}, "x.json"), lambda: tracker.end_run(None),
-                 lambda: tracker.log_files(None, [tmp_path / "missing"]), lambda: tracker.resume_run(None)):
+    for call in (
+        lambda: tracker.log_metrics(None, 1, {"a": 1.0}),
+        lambda: tracker.set_tags(None, {"a": 1}),
+        lambda: tracker.log_dict(None, {}, "x.json"),
+        lambda: tracker.end_run(None),
+        lambda: tracker.log_files(None, [tmp_path / "missing"]),
+        lambda: tracker.resume_run(None),
+    ):
         call()  # no MLflow, no error
     assert tracker.open_children(None) == [] and not list(tmp_path.iterdir())
 
@@ -79,8 +87,9 @@ def test_a_recorded_tracking_uri_holds_no_password():
     assert redact("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db" and redact(None) is None
 
 
-def test_a_write_mlflow_rejects_is_left_out_with_a_warning(mlflow_uri: str, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture):
+def test_a_write_mlflow_rejects_is_left_out_with_a_warning(
+    mlflow_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture
+):
     """A 4xx other than 401/403 is no hiccup: not retried, not journaled; the sweep goes on.
     Without a journal folder (an interactive command) it raises."""
     from mlflow.exceptions import MlflowException
@@ -163,11 +172,13 @@ def test_writes_still_queued_when_the_process_exits_are_sent(mlflow_uri: str):
     import subprocess
     import sys
 
-    code = (f"from sweeper.track.mlflow import Tracker\n"
-            f"tracker = Tracker({mlflow_uri!r}, 'tracker-exit', asynchronous=True)\n"
-            f"run = tracker.start_run('trial-0')\n"
-            f"for step in range(1, 51):\n    tracker.log_metrics(run, step, {{'m': step}})\n"
-            f"tracker.end_run(run)\nprint(run)\n")
+    code = (
+        f"from sweeper.track.mlflow import Tracker\n"
+        f"tracker = Tracker({mlflow_uri!r}, 'tracker-exit', asynchronous=True)\n"
+        f"run = tracker.start_run('trial-0')\n"
+        f"for step in range(1, 51):\n    tracker.log_metrics(run, step, {{'m': step}})\n"
+        f"tracker.end_run(run)\nprint(run)\n"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     client = MlflowClient(mlflow_uri)
     assert len(client.get_metric_history(run, "m")) == 50 and client.get_run(run).info.status == "FINISHED"
@@ -183,7 +194,10 @@ def test_a_new_sqlite_database_starts_as_a_copy_of_an_empty_one_mlflow_made(tmp_
     # the next new database is a copy; an existing one is left alone
     assert empty_db.seed("sqlite:///b.db") and not empty_db.seed("sqlite:///b.db")
     assert not empty_db.seed(f"sqlite:///{tmp_path / 'c.db'}?mode=ro")  # a URI with options: MLflow's own
-    trackers = {f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}": first, "sqlite:///b.db": Tracker("sqlite:///b.db", "seeded")}
+    trackers = {
+        f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}": first,
+        "sqlite:///b.db": Tracker("sqlite:///b.db", "seeded"),
+    }
     for uri, tracker in trackers.items():
         run = tracker.start_run("sweep", tags={"kind": "sweep"})
         tracker.log_metrics(run, 1, {"val_acc": 0.5})
@@ -196,8 +210,10 @@ def test_a_new_sqlite_database_starts_as_a_copy_of_an_empty_one_mlflow_made(tmp_
     # sweeper's sqlite databases log ahead (WAL: a commit syncs nothing to disk); the cached copy is one file
     import sqlite3
 
-    mode = {path: sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
-            for path in (tmp_path / "a" / "mlflow.db", tmp_path / "b.db", empty_db.cache_file())}
+    mode = {
+        path: sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+        for path in (tmp_path / "a" / "mlflow.db", tmp_path / "b.db", empty_db.cache_file())
+    }
     assert list(mode.values()) == ["wal", "wal", "delete"]
 
 
@@ -207,15 +223,25 @@ def test_the_sender_merges_a_runs_batches_until_its_status_changes():
     def batch(run: str, **parts):
         return {"op": "log_batch", "run": run, **parts}, None
 
-    items = [batch("a", params={"lr": "0.1"}, tags={"k": "trial"}),
-             ({"op": "log_artifact", "run": "a", "folder": None}, ("trial.json", "{}")),
-             batch("a", metrics=[["loss", 1.0, 0, 1]]), batch("b", metrics=[["loss", 2.0, 0, 1]]),
-             batch("a", metrics=[["loss", 0.5, 0, 2]]), batch("a", tags={"k": "done", "state": "complete"}),
-             ({"op": "set_terminated", "run": "a", "status": "FINISHED", "time": 0}, None),
-             batch("a", tags={"after": "end"}), batch("b", metrics=[["loss", 1.5, 0, 2]])]
+    items = [
+        batch("a", params={"lr": "0.1"}, tags={"k": "trial"}),
+        ({"op": "log_artifact", "run": "a", "folder": None}, ("trial.json", "{}")),
+        batch("a", metrics=[["loss", 1.0, 0, 1]]),
+        batch("b", metrics=[["loss", 2.0, 0, 1]]),
+        batch("a", metrics=[["loss", 0.5, 0, 2]]),
+        batch("a", tags={"k": "done", "state": "complete"}),
+        ({"op": "set_terminated", "run": "a", "status": "FINISHED", "time": 0}, None),
+        batch("a", tags={"after": "end"}),
+        batch("b", metrics=[["loss", 1.5, 0, 2]]),
+    ]
     out = coalesce(items)
-    assert [(e["op"], e["run"]) for e, _ in out] == [("log_batch", "a"), ("log_artifact", "a"), ("log_batch", "b"),
-                                                    ("set_terminated", "a"), ("log_batch", "a")]
+    assert [(e["op"], e["run"]) for e, _ in out] == [
+        ("log_batch", "a"),
+        ("log_artifact", "a"),
+        ("log_batch", "b"),
+        ("set_terminated", "a"),
+        ("log_batch", "a"),
+    ]
     first, _, b, _, last = (e for e, _ in out)
     assert first["params"] == {"lr": "0.1"} and first["tags"] == {"k": "done", "state": "complete"}
     assert first["metrics"] == [["loss", 1.0, 0, 1], ["loss", 0.5, 0, 2]]

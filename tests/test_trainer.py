@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import config, learned
+
 from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.trial.build import run_trial
 
@@ -24,8 +24,16 @@ def test_reports_every_epoch_with_the_documented_metrics():
     seen = []
     trained = run_trial(config("train.epochs=3"), lambda e, m: seen.append((e, m)), CPU)
     assert [e for e, _ in seen] == [1, 2, 3]
-    assert set(seen[0][1]) == {"train_loss", "train_acc", "val_loss", "val_acc", "lr", "grad_norm",
-                               "epoch_seconds", "samples_per_s"}
+    assert set(seen[0][1]) == {
+        "train_loss",
+        "train_acc",
+        "val_loss",
+        "val_acc",
+        "lr",
+        "grad_norm",
+        "epoch_seconds",
+        "samples_per_s",
+    }
     assert trained.history == [m for _, m in seen]
     assert trained.history[-1]["val_acc"] > 0.5  # it learns the synthetic teacher
 
@@ -42,8 +50,11 @@ def test_accumulation_gives_the_same_updates():
 
 def test_non_finite_loss_fails_the_trial_with_its_reason():
     with pytest.raises(TrialFailed, match="^non-finite loss at epoch 1"):
-        run_trial(config("optimizer.plugin=sgd", "optimizer.args={lr: 1.0e+12}", "schedule.plugin=none"),
-                  lambda e, m: None, CPU)
+        run_trial(
+            config("optimizer.plugin=sgd", "optimizer.args={lr: 1.0e+12}", "schedule.plugin=none"),
+            lambda e, m: None,
+            CPU,
+        )
 
 
 def test_pruning_raised_by_report_stops_training():
@@ -64,14 +75,22 @@ def test_grad_clip_bounds_each_update():
     free = run_trial(config(*base), lambda e, m: None, CPU)
     clipped = run_trial(config(*base, "train.grad_clip=1.0e-6"), lambda e, m: None, CPU)
     start = run_trial(config(*base, "train.grad_clip=1.0e-6", "optimizer.args={lr: 0.0}"), lambda e, m: None, CPU)
-    moved = lambda t: sum((a - b).abs().sum().item() for a, b in zip(t.model.parameters(), start.model.parameters()))
+
+    def moved(t):
+        return sum((a - b).abs().sum().item() for a, b in zip(t.model.parameters(), start.model.parameters()))
+
     # 8 steps of lr 1.0 with gradient norm <= 1e-6 move every weight by at most ~8e-6 in total norm
     assert moved(clipped) < 1e-4 < moved(free)
 
 
 def test_plateau_schedule_steps_per_epoch_on_val_loss():
-    trained = run_trial(config("schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}",
-                               "optimizer.args={lr: 0.1}", "train.epochs=4"), lambda e, m: None, CPU)
+    trained = run_trial(
+        config(
+            "schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}", "optimizer.args={lr: 0.1}", "train.epochs=4"
+        ),
+        lambda e, m: None,
+        CPU,
+    )
     lrs = [h["lr"] for h in trained.history]
     # patience 0: the LR halves after each epoch whose validation loss is not below the best so
     # far (ReduceLROnPlateau's relative threshold 1e-4), and only then: it steps per epoch

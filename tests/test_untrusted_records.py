@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import sweeper, write_spec
 from mlflow.tracking import MlflowClient
 
-from conftest import sweeper, write_spec
 from sweeper.errors import UserError
 from sweeper.export.trial_run import export_trial
 from sweeper.track.records import TRIAL_JSON
@@ -33,8 +33,12 @@ def listing(folder: Path) -> set[str]:
 
 
 def test_export_refuses_checkpoint_paths_outside_the_sweep_folder(workdir: Path, mlflow_uri: str):
-    spec = write_spec(workdir / "s.yaml", search={"n_trials": 1, "sampler": "random"},
-                      tracking={"experiment": "untrusted"}, export={"formats": ["torchscript"]})
+    spec = write_spec(
+        workdir / "s.yaml",
+        search={"n_trials": 1, "sampler": "random"},
+        tracking={"experiment": "untrusted"},
+        export={"formats": ["torchscript"]},
+    )
     sweeper("run", str(spec), "train.epochs=1", "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     genuine, out = summary["trials"][0]["mlflow_run_id"], (workdir / "out").resolve()
@@ -44,9 +48,11 @@ def test_export_refuses_checkpoint_paths_outside_the_sweep_folder(workdir: Path,
     shutil.copy(ckpt, elsewhere / "trial.pt")  # a loadable checkpoint: only the path may stop it
     (out / "checkpoints" / "link.pt").symlink_to(elsewhere / "trial.pt")
     client = MlflowClient(mlflow_uri)
-    escapes = {"dot-dot": f"{out}/checkpoints/../../elsewhere/trial.pt",
-               "absolute": str(elsewhere / "trial.pt"),
-               "symlink": str(out / "checkpoints" / "link.pt")}
+    escapes = {
+        "dot-dot": f"{out}/checkpoints/../../elsewhere/trial.pt",
+        "absolute": str(elsewhere / "trial.pt"),
+        "symlink": str(out / "checkpoints" / "link.pt"),
+    }
     before = listing(out), listing(elsewhere)
     for how, path in escapes.items():
         forged = forge(client, genuine, checkpoint=path)
@@ -60,7 +66,9 @@ def test_export_refuses_checkpoint_paths_outside_the_sweep_folder(workdir: Path,
     proc = sweeper("export", forged, "--out", "chosen")
     assert proc.returncode == 2 and escapes["symlink"] in proc.stderr and not (workdir / "chosen").exists()
     sweeper("export", forged, "--checkpoint", str(elsewhere / "trial.pt"), "--out", "chosen", check=True)
-    assert json.loads((workdir / "chosen" / "export.json").read_text())["source"]["checkpoint"] == str(elsewhere / "trial.pt")
+    assert json.loads((workdir / "chosen" / "export.json").read_text())["source"]["checkpoint"] == str(
+        elsewhere / "trial.pt"
+    )
 
     # a record whose out_dir is not a sweeper folder (no spec.yaml): the export lands here, not there
     forged = forge(client, genuine, out_dir=str(elsewhere), checkpoint=str(elsewhere / "trial.pt"))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch import nn
 
@@ -27,8 +28,14 @@ __all__ = ["ExportError", "export_model"]
 EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see formats.py)
 
 
-def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: ExportSpec,
-                 names: list[str] | None = None, source: dict[str, Any] | None = None) -> dict[str, Any]:
+def export_model(
+    model: nn.Module,
+    data: DataSplits,
+    out_dir: Path,
+    spec: ExportSpec,
+    names: list[str] | None = None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write, reload and check each format in ``names`` (default ``spec.formats``) into
     ``out_dir``; a format that fails gets an ``error`` entry and the others still run. Writes
     and returns the report (``out_dir/export.json``)."""
@@ -42,8 +49,9 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
     with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
         ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
         for fmt in names or spec.formats:
-            entries.append(_one(fmt, lambda p, f=fmt: formats.FORMATS[f].write(model, example, p), out_dir, ref,
-                                spec.atol))
+            entries.append(
+                _one(fmt, lambda p, f=fmt: formats.FORMATS[f].write(model, example, p), out_dir, ref, spec.atol)
+            )
         onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
         if spec.quantize and onnx_ok:
             src = out_dir / formats.FORMATS["onnx"].file
@@ -61,7 +69,9 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
         "output": {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
         "normalization": data.normalization,  # already applied by the data set: apply it before calling
         "class_names": list(data.class_names) if data.class_names else None,
-        "atol": spec.atol, "eager_val_acc": ref.val_acc, "val_size": int(len(val_x)),
+        "atol": spec.atol,
+        "eager_val_acc": ref.val_acc,
+        "val_size": int(len(val_x)),
         "formats": entries,
     }
     path = out_dir / "export.json"
@@ -70,8 +80,9 @@ def export_model(model: nn.Module, data: DataSplits, out_dir: Path, spec: Export
     return report
 
 
-def _one(fmt: str, write: Callable[[Path], dict[str, Any]], out_dir: Path, ref: verify.Reference,
-         atol: float | None) -> dict[str, Any]:
+def _one(
+    fmt: str, write: Callable[[Path], dict[str, Any]], out_dir: Path, ref: verify.Reference, atol: float | None
+) -> dict[str, Any]:
     """Write one file and check it; failures become the entry's ``error``."""
     path = out_dir / formats.file_name(fmt)
     entry: dict[str, Any] = {"format": fmt, "path": str(path)}

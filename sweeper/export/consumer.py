@@ -44,12 +44,13 @@ def load(path):
     def run(x):
         with torch.no_grad():
             return module(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+
     return run
 
 
 def predict(model, x):
     """Outputs for every row of ``x``, ``BATCH`` rows at a time."""
-    return np.concatenate([model(x[i:i + BATCH]) for i in range(0, len(x), BATCH)])
+    return np.concatenate([model(x[i : i + BATCH]) for i in range(0, len(x), BATCH)])
 
 
 def main(job_path):
@@ -60,8 +61,11 @@ def main(job_path):
     loaded = time.perf_counter()
     for key, npy in job["inputs"].items():
         np.save(os.path.join(job["out"], f"{key}.npy"), predict(model, np.load(npy)))
-    result = {"load_s": loaded - started, "run_s": time.perf_counter() - loaded,
-              "sweeper_modules": sorted(m for m in sys.modules if m.split(".")[0].startswith("sweeper"))}
+    result = {
+        "load_s": loaded - started,
+        "run_s": time.perf_counter() - loaded,
+        "sweeper_modules": sorted(m for m in sys.modules if m.split(".")[0].startswith("sweeper")),
+    }
     with open(os.path.join(job["out"], "result.json"), "w") as f:
         json.dump(result, f)
 

@@ -11,10 +11,10 @@ import contextlib
 import io
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,17 +52,21 @@ def torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str
             compiled, method = torch.jit.script(model), "script"
         except Exception as exc:  # scripting rejects some Python; tracing records one path
             method = "trace"
-            notes.append(f"torchscript: torch.jit.script failed ({first_line(exc)}); traced with "
-                         f"torch.jit.trace instead, which records only the operations run on the example")
+            notes.append(
+                f"torchscript: torch.jit.script failed ({first_line(exc)}); traced with "
+                f"torch.jit.trace instead, which records only the operations run on the example"
+            )
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", torch.jit.TracerWarning)
                 with torch.no_grad():
                     compiled = torch.jit.trace(model, example, check_trace=False)
             tracer = [str(w.message).splitlines()[0] for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
             if tracer:
-                notes.append(f"torchscript: the forward has data-dependent control flow ({tracer[0]}); "
-                             f"the traced graph keeps only the path the example input took, so inputs "
-                             f"that would take another branch get wrong results")
+                notes.append(
+                    f"torchscript: the forward has data-dependent control flow ({tracer[0]}); "
+                    f"the traced graph keeps only the path the example input took, so inputs "
+                    f"that would take another branch get wrong results"
+                )
         torch.jit.save(compiled, str(path))
     return {"method": method, "warnings": notes, "files": [path]}
 
@@ -87,8 +91,15 @@ def onnx(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)  # a stale weights file from an earlier, larger export
     with _quiet_onnx():
-        torch.onnx.export(model, (example,), str(path), dynamo=True, dynamic_shapes=(_batch_dim(),),
-                          external_data=not single, verbose=False)
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            dynamo=True,
+            dynamic_shapes=(_batch_dim(),),
+            external_data=not single,
+            verbose=False,
+        )
     onnx_lib.checker.check_model(str(path), full_check=True)  # by path: also reads external data
     return {"method": "torch.onnx (dynamo)", "warnings": [], "files": [path] + ([data] if data.exists() else [])}
 
@@ -125,8 +136,11 @@ class Format:
 
 
 # Every format export.formats can name (sweeper.spec.EXPORT_FORMATS is the list of names).
-FORMATS = {"torchscript": Format("model.torchscript.pt", torchscript), "pt2": Format("model.pt2", pt2),
-           "onnx": Format("model.onnx", onnx)}
+FORMATS = {
+    "torchscript": Format("model.torchscript.pt", torchscript),
+    "pt2": Format("model.pt2", pt2),
+    "onnx": Format("model.onnx", onnx),
+}
 assert tuple(FORMATS) == EXPORT_FORMATS, "export/formats.py and spec.EXPORT_FORMATS name the same formats"
 QUANTIZED, QUANTIZED_FILE = "onnx-int8", "model.int8.onnx"  # model.onnx quantized (export.quantize)
 

@@ -19,20 +19,26 @@ def predict_file(model_file: Path, inputs: Path, out: Path | None) -> list[str]:
     from sweeper.export import consumer
 
     if model_file.suffix not in SUFFIXES or not model_file.is_file():
-        raise UserError(f"{model_file}: expected an exported model file ({', '.join(SUFFIXES)}) such as "
-                        f"runs/digits/model.onnx" + ("" if model_file.is_file() else "; no such file"))
+        raise UserError(
+            f"{model_file}: expected an exported model file ({', '.join(SUFFIXES)}) such as "
+            f"runs/digits/model.onnx" + ("" if model_file.is_file() else "; no such file")
+        )
     try:
         x = np.load(inputs, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{inputs}: cannot read it as a .npy array ({exc}); expected e.g. np.save('x.npy', "
-                        f"batch) with a float32 batch shaped like the model's input") from None
+        raise UserError(
+            f"{inputs}: cannot read it as a .npy array ({exc}); expected e.g. np.save('x.npy', "
+            f"batch) with a float32 batch shaped like the model's input"
+        ) from None
     info = _export_info(model_file)
     x = _batch(np.asarray(x, dtype=np.float32), info, inputs)
     try:
         logits = consumer.predict(consumer.load(model_file), x)
     except Exception as exc:  # a corrupt file, or an input the model rejects
-        raise UserError(f"{model_file}: running it on {inputs} (shape {list(x.shape)}) failed: "
-                        f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        raise UserError(
+            f"{model_file}: running it on {inputs} (shape {list(x.shape)}) failed: "
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from None
     if out is not None:
         np.save(out, logits)
     names = info.get("class_names") or []
@@ -56,6 +62,8 @@ def _batch(x: np.ndarray, info: dict[str, Any], source: Path) -> np.ndarray:
     if x.shape == sample:
         return x[None]  # one sample: a batch of one
     if x.shape[1:] != sample:
-        raise UserError(f"{source}: shape {list(x.shape)}; the model expects (N, {', '.join(map(str, sample))}) "
-                        f"or one sample ({', '.join(map(str, sample))}), normalised as export.json says")
+        raise UserError(
+            f"{source}: shape {list(x.shape)}; the model expects (N, {', '.join(map(str, sample))}) "
+            f"or one sample ({', '.join(map(str, sample))}), normalised as export.json says"
+        )
     return x

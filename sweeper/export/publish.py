@@ -23,8 +23,9 @@ ALIAS = "champion"
 EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dynamic
 
 
-def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: str, run_id: str,
-             values: dict[str, float]) -> dict[str, Any]:
+def register(
+    model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: str, run_id: str, values: dict[str, float]
+) -> dict[str, Any]:
     """Log ``model`` (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
     move the alias when ``values`` (its objectives' values, by metric) beat the champion's."""
@@ -40,16 +41,22 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
     example = data.inputs(data.val_x[:EXAMPLE_ROWS]).detach().cpu().float().numpy()
     signature = ModelSignature(  # -1: any batch size
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
-        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, data.num_classes))]))
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, data.num_classes))]),
+    )
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below
     try:
         with contextlib.redirect_stdout(io.StringIO()), _experiment_of(client, run_id):
             logged = mlflow.pytorch.log_model(
-                model.eval().cpu(), name="model", signature=signature, input_example=example,
-                serialization_format="pt2", run_id=run_id,
+                model.eval().cpu(),
+                name="model",
+                signature=signature,
+                input_example=example,
+                serialization_format="pt2",
+                run_id=run_id,
                 # given, so MLflow does not infer them by loading the model in a subprocess
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            )
     finally:
         mlflow.set_tracking_uri(previous)
     try:
@@ -57,19 +64,30 @@ def register(model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: 
     except MlflowException:  # the first sweep under this name
         client.create_registered_model(name)
     objective = spec.objective
-    tags = {f"{TAG}objective_metric": objective.metric, f"{TAG}objective_direction": objective.direction,
-            f"{TAG}objective_value": repr(float(values[objective.metric])), f"{TAG}sweep": spec.name,
-            f"{TAG}objectives": _goals_json(spec.goals), f"{TAG}objective_values": json.dumps(values, sort_keys=True)}
-    version = client.create_model_version(name, logged.model_uri, run_id=run_id, tags=tags,
-                                          model_id=logged.model_id).version
+    tags = {
+        f"{TAG}objective_metric": objective.metric,
+        f"{TAG}objective_direction": objective.direction,
+        f"{TAG}objective_value": repr(float(values[objective.metric])),
+        f"{TAG}sweep": spec.name,
+        f"{TAG}objectives": _goals_json(spec.goals),
+        f"{TAG}objective_values": json.dumps(values, sort_keys=True),
+    }
+    version = client.create_model_version(
+        name, logged.model_uri, run_id=run_id, tags=tags, model_id=logged.model_id
+    ).version
     if len(spec.goals) > 1:
         moved, reason = _decide_front(client, name, spec, values)
     else:
         moved, reason = _decide(client, name, objective, float(values[objective.metric]))
     if moved:
         client.set_registered_model_alias(name, ALIAS, version)
-    return {"name": name, "version": int(version), "model_uri": f"models:/{name}/{version}",
-            "champion": moved, "reason": reason}
+    return {
+        "name": name,
+        "version": int(version),
+        "model_uri": f"models:/{name}/{version}",
+        "champion": moved,
+        "reason": reason,
+    }
 
 
 @contextlib.contextmanager
@@ -99,8 +117,10 @@ def _decide(client: Any, name: str, objective: Objective, value: float) -> tuple
         return True, f"first {ALIAS} of '{name}'"
     tags, metric = current.tags, objective.metric
     if tags.get(f"{TAG}objective_metric") != metric or f"{TAG}objective_value" not in tags:
-        return False, (f"{ALIAS} is version {current.version}, whose objective is not {metric}: "
-                       f"not comparable, alias left in place")
+        return False, (
+            f"{ALIAS} is version {current.version}, whose objective is not {metric}: "
+            f"not comparable, alias left in place"
+        )
     best = float(tags[f"{TAG}objective_value"])
     better = objective.better(value, best)
     verb = "beats" if better else "does not beat"
@@ -122,8 +142,10 @@ def _decide_front(client: Any, name: str, spec: SweepSpec, values: dict[str, flo
         return True, f"first {ALIAS} of '{name}'"
     tags = current.tags
     if tags.get(f"{TAG}objectives") != _goals_json(spec.goals) or f"{TAG}objective_values" not in tags:
-        return False, (f"{ALIAS} is version {current.version}, whose objectives are not "
-                       f"{', '.join(g.metric for g in spec.goals)}: not comparable, alias left in place")
+        return False, (
+            f"{ALIAS} is version {current.version}, whose objectives are not "
+            f"{', '.join(g.metric for g in spec.goals)}: not comparable, alias left in place"
+        )
     theirs = json.loads(tags[f"{TAG}objective_values"])
     picked = choose(spec.goals, spec.export.choose, [theirs, values], lambda v: v)
     shown = ", ".join(f"{m}={v:.6g}" for m, v in values.items())

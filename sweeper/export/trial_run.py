@@ -20,8 +20,10 @@ def parse_formats(values: list[str] | None) -> list[str] | None:
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     unknown = [n for n in names if n not in EXPORT_FORMATS]
     if unknown or not names:
-        raise UserError(f"--formats {','.join(values)}: unknown format {', '.join(unknown) or '(none)'}; "
-                        f"expected one or more of: {', '.join(EXPORT_FORMATS)}")
+        raise UserError(
+            f"--formats {','.join(values)}: unknown format {', '.join(unknown) or '(none)'}; "
+            f"expected one or more of: {', '.join(EXPORT_FORMATS)}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -38,9 +40,11 @@ def find_checkpoint(tracker: Tracker, run_id: str, local: Path, out: Path, publi
     if published:
         artifact = PurePosixPath(published.removeprefix("mlflow-artifacts:"))
         if artifact.is_absolute() or ".." in artifact.parts:
-            raise UserError(f"run {run_id}: its checkpoint tag names the artifact '{artifact}', which leaves the "
-                            f"run's artifacts; expected a path such as checkpoints/trial-00001.pt (pass "
-                            f"--checkpoint PATH to export from a file you choose)")
+            raise UserError(
+                f"run {run_id}: its checkpoint tag names the artifact '{artifact}', which leaves the "
+                f"run's artifacts; expected a path such as checkpoints/trial-00001.pt (pass "
+                f"--checkpoint PATH to export from a file you choose)"
+            )
         try:
             return tracker.download(run_id, str(artifact), out / "checkpoint")
         except LookupError:
@@ -53,10 +57,12 @@ def recorded_checkpoint(run_id: str, record: TrialJson) -> Path:
     trial.json names (after symlinks and '..'); else a UserError."""
     home, named = Path(record.out_dir).resolve(), Path(record.checkpoint)
     if not named.resolve().is_relative_to(home):
-        raise UserError(f"run {run_id}: its trial.json names the checkpoint '{record.checkpoint}', which is outside "
-                        f"the sweep's output folder '{record.out_dir}'; refusing to read it (a record from "
-                        f"the MLflow server is not trusted with paths): pass --checkpoint PATH to export from a "
-                        f"file you choose")
+        raise UserError(
+            f"run {run_id}: its trial.json names the checkpoint '{record.checkpoint}', which is outside "
+            f"the sweep's output folder '{record.out_dir}'; refusing to read it (a record from "
+            f"the MLflow server is not trusted with paths): pass --checkpoint PATH to export from a "
+            f"file you choose"
+        )
     return named
 
 
@@ -68,8 +74,9 @@ def default_out(record: TrialJson) -> Path:
     return base / f"export-trial-{record.number}"
 
 
-def export_trial(run_id: str, tracking_uri: str, formats: list[str] | None, out: Path | None,
-                 checkpoint: Path | None = None) -> dict[str, Any]:
+def export_trial(
+    run_id: str, tracking_uri: str, formats: list[str] | None, out: Path | None, checkpoint: Path | None = None
+) -> dict[str, Any]:
     """Rebuild the trial of MLflow run ``run_id`` from its checkpoint (or ``checkpoint``), export
     and verify it into ``out`` (default: see default_out), log the files to that run under export/."""
     from sweeper import export
@@ -78,19 +85,26 @@ def export_trial(run_id: str, tracking_uri: str, formats: list[str] | None, out:
     run, record = load_trial(tracker, run_id)
     number, state = record.number, run.data.tags.get(f"{TAG}state")
     if state != "complete":
-        raise UserError(f"run {run_id} is trial {number}, which {state or 'has not finished'}: only a completed "
-                        f"trial has a checkpoint to export")
+        raise UserError(
+            f"run {run_id} is trial {number}, which {state or 'has not finished'}: only a completed "
+            f"trial has a checkpoint to export"
+        )
     out = out or default_out(record)
     if checkpoint is not None:
         if not checkpoint.is_file():
-            raise UserError(f"--checkpoint {checkpoint}: no such file; expected a checkpoint of trial {number} "
-                            f"(<sweep out>/checkpoints/trial-{number:05d}.pt)")
+            raise UserError(
+                f"--checkpoint {checkpoint}: no such file; expected a checkpoint of trial {number} "
+                f"(<sweep out>/checkpoints/trial-{number:05d}.pt)"
+            )
     else:
-        checkpoint = find_checkpoint(tracker, run_id, recorded_checkpoint(run_id, record), out,
-                                     run.data.tags.get(f"{TAG}checkpoint"))
+        checkpoint = find_checkpoint(
+            tracker, run_id, recorded_checkpoint(run_id, record), out, run.data.tags.get(f"{TAG}checkpoint")
+        )
     if checkpoint is None:
-        raise UserError(f"{record.checkpoint}: the checkpoint of trial {number} (run {run_id}) is gone; a sweep "
-                        f"keeps only the best trial's checkpoint unless its spec sets export.keep_checkpoints: all")
+        raise UserError(
+            f"{record.checkpoint}: the checkpoint of trial {number} (run {run_id}) is gone; a sweep "
+            f"keeps only the best trial's checkpoint unless its spec sets export.keep_checkpoints: all"
+        )
     try:
         model, data = rebuild(record.spec, checkpoint)
     except CorruptCheckpoint as exc:

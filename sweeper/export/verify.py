@@ -66,8 +66,9 @@ def run_consumer(model_file: Path, ref: Reference) -> dict[str, Any]:
         job = Path(out) / "job.json"
         job.write_text(json.dumps({"model": str(model_file.resolve()), "inputs": inputs, "out": out}))
         # cwd=out: nothing of this project is importable by accident from the working folder
-        proc = subprocess.run([sys.executable, "-c", source, str(job)], cwd=out, capture_output=True,
-                              text=True, timeout=CHECK_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-c", source, str(job)], cwd=out, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
+        )
         if proc.returncode != 0:
             tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
             raise ExportError(f"{model_file.name}: reloading in a fresh Python process failed ({tail})")
@@ -82,20 +83,30 @@ def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dic
     measures the differences without requiring them to be small."""
     result = run_consumer(model_file, ref)
     if result["sweeper_modules"]:
-        raise ExportError(f"{fmt}: loading {model_file.name} imported {result['sweeper_modules'][0]}; "
-                          f"an exported file must load without sweeper")
+        raise ExportError(
+            f"{fmt}: loading {model_file.name} imported {result['sweeper_modules'][0]}; "
+            f"an exported file must load without sweeper"
+        )
     outputs = result["outputs"]
     parity = {str(b): float(np.abs(outputs[f"batch{b}"] - expected).max()) for b, expected in ref.batches.items()}
-    report = {"parity_max_abs_diff": parity, "max_abs_diff": max(parity.values()),
-              "val_acc": accuracy(outputs["val"], ref.val_y), "eager_val_acc": ref.val_acc,
-              "reload_s": result["load_s"]}
+    report = {
+        "parity_max_abs_diff": parity,
+        "max_abs_diff": max(parity.values()),
+        "val_acc": accuracy(outputs["val"], ref.val_y),
+        "eager_val_acc": ref.val_acc,
+        "reload_s": result["load_s"],
+    }
     if atol is None:
         return report
     for batch, diff in parity.items():
         if not diff <= atol:  # also catches NaN
-            raise ExportError(f"{fmt}: {model_file.name} differs from the eager model at batch size {batch}: "
-                              f"max |diff| {diff:.3g} > atol {atol:g} (export.atol)")
+            raise ExportError(
+                f"{fmt}: {model_file.name} differs from the eager model at batch size {batch}: "
+                f"max |diff| {diff:.3g} > atol {atol:g} (export.atol)"
+            )
     if report["val_acc"] != ref.val_acc:
-        raise ExportError(f"{fmt}: {model_file.name} has validation accuracy {report['val_acc']:.6f}, the eager "
-                          f"model {ref.val_acc:.6f} (max |diff| {report['max_abs_diff']:.3g}, atol {atol:g})")
+        raise ExportError(
+            f"{fmt}: {model_file.name} has validation accuracy {report['val_acc']:.6f}, the eager "
+            f"model {ref.val_acc:.6f} (max |diff| {report['max_abs_diff']:.3g}, atol {atol:g})"
+        )
     return report

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.plugin import INJECTED
@@ -30,8 +31,11 @@ def searched_args(spec: SweepSpec, section: str, name: str) -> list[tuple[str, s
     """(argument, parameter) of each searched ``{section}.args.*`` that plugin ``name`` can get:
     those without a ``when`` on ``{section}.plugin``, and those whose ``when`` names ``name``."""
     prefix = f"{section}.args."
-    return [(path.removeprefix(prefix), param) for path, param in spec.search.space.items()
-            if path.startswith(prefix) and (param.when or {}).get(f"{section}.plugin", name) == name]
+    return [
+        (path.removeprefix(prefix), param)
+        for path, param in spec.search.space.items()
+        if path.startswith(prefix) and (param.when or {}).get(f"{section}.plugin", name) == name
+    ]
 
 
 def check_plugins(spec: SweepSpec) -> None:
@@ -42,10 +46,12 @@ def check_plugins(spec: SweepSpec) -> None:
         for name in plugin_choices(spec, section):
             # argument -> the values it can take, each with where it comes from (None: fixed in the spec)
             values: dict[str, list[tuple[Any, str | None]]] = {
-                a: [(v, None)] for a, v in getattr(spec, section).args.items()}
+                a: [(v, None)] for a, v in getattr(spec, section).args.items()
+            }
             for arg, param in searched_args(spec, section, name):
-                values.setdefault(arg, []).extend((v, f"search.space.{section}.args.{arg}")
-                                                  for v in sp.representatives(param))
+                values.setdefault(arg, []).extend(
+                    (v, f"search.space.{section}.args.{arg}") for v in sp.representatives(param)
+                )
             bind_args(kind, name, {a: vs[0][0] for a, vs in values.items()}, f"{section}.args")
             check_types(kind, name, values, f"{section}.args")
 
@@ -94,9 +100,13 @@ def accepted_args(factory: Callable[..., Any]) -> dict[str, inspect.Parameter] |
 
 def own_args(kind: str, factory: Callable[..., Any]) -> list[inspect.Parameter]:
     """The parameters a spec may set (everything but what sweeper injects), in order."""
-    return [p for p in inspect.signature(factory).parameters.values()
-            if p.name not in INJECTED[kind] and p.name != "self"
-            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    return [
+        p
+        for p in inspect.signature(factory).parameters.values()
+        if p.name not in INJECTED[kind]
+        and p.name != "self"
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
 
 
 def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
@@ -118,10 +128,13 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
         source = registry.info(kind, name).where
         if unknown and params is not None:
             hint = did_you_mean(unknown[0], allowed, " (did you mean '{}'?)")
-            raise UserError(f"{where}.{unknown[0]}: {who} has no argument '{unknown[0]}'{hint}; "
-                            f"it accepts: {', '.join(allowed)}. The plugin comes from {source}.") from None
-        raise UserError(f"{where}: cannot call {who} ({source}) with {sorted(args)}: {exc}; "
-                        f"it accepts: {', '.join(allowed)}.") from None
+            raise UserError(
+                f"{where}.{unknown[0]}: {who} has no argument '{unknown[0]}'{hint}; "
+                f"it accepts: {', '.join(allowed)}. The plugin comes from {source}."
+            ) from None
+        raise UserError(
+            f"{where}: cannot call {who} ({source}) with {sorted(args)}: {exc}; it accepts: {', '.join(allowed)}."
+        ) from None
 
 
 def annotations(factory: Callable[..., Any]) -> dict[str, Any]:
@@ -199,15 +212,24 @@ def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | No
                 ok, reason = False, f": {exc.errors()[0]['msg']}"
             if not ok:
                 source = f" (from {origin})" if origin else ""
-                raise UserError(f"{where}.{arg}: {singular(kind)} plugin '{name}' expects {type_text(hints[arg])}, "
-                                f"got {value!r}{source}{reason}. The plugin comes from "
-                                f"{registry.info(kind, name).where}.")
+                raise UserError(
+                    f"{where}.{arg}: {singular(kind)} plugin '{name}' expects {type_text(hints[arg])}, "
+                    f"got {value!r}{source}{reason}. The plugin comes from "
+                    f"{registry.info(kind, name).where}."
+                )
 
 
 def describe_args(kind: str, factory: Callable[..., Any]) -> list[tuple[str, str, str]]:
     """(name, default, type) of each argument a spec may set, as text; default 'required'."""
+
     def text(value: Any) -> str:
         return value if isinstance(value, str) else getattr(value, "__name__", None) or repr(value)
 
-    return [(p.name, "required" if p.default is p.empty else repr(p.default),
-             "" if p.annotation is p.empty else text(p.annotation)) for p in own_args(kind, factory)]
+    return [
+        (
+            p.name,
+            "required" if p.default is p.empty else repr(p.default),
+            "" if p.annotation is p.empty else text(p.annotation),
+        )
+        for p in own_args(kind, factory)
+    ]

@@ -27,8 +27,9 @@ def show(kind: str | None, with_args: bool) -> bool:
     elif not with_args:
         console.print(_table(shown, wide=console.width >= 100))
     for p in shown if with_args else []:
-        _echo(f"{registry.singular(p.kind)} {p.name}  ({p.distribution} {p.version}, {p.target})",
-                      console.width, "    ")
+        _echo(
+            f"{registry.singular(p.kind)} {p.name}  ({p.distribution} {p.version}, {p.target})", console.width, "    "
+        )
         if p.kind == "search_spaces":
             continue
         try:
@@ -41,9 +42,12 @@ def show(kind: str | None, with_args: bool) -> bool:
             typed = f": {annotation}" if annotation else ""
             _echo(f"  {name}{typed}" + (f" = {default}" if default else ""), console.width, "      ")
     for (k, name), claimants in registry.collisions(shown).items():
-        err.print(f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
-                  f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
-                  f"plugin: \"{claimants[0].qualified}\"", soft_wrap=True)
+        err.print(
+            f"[yellow]note:[/] {k} plugin name '{name}' is claimed by "
+            f"{', '.join(c.distribution for c in claimants)}; a spec must pin one, e.g. "
+            f'plugin: "{claimants[0].qualified}"',
+            soft_wrap=True,
+        )
     for message in failures:
         err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     return not failures
@@ -65,5 +69,6 @@ def _echo(line: str, width: int, indent: str) -> None:
     """Plain text (names are not rich markup), wrapped at ``width``; continuation lines indented."""
     import textwrap
 
-    typer.echo("\n".join(textwrap.wrap(line, width=max(width, 40), subsequent_indent=indent,
-                                       break_on_hyphens=False)) or line)
+    typer.echo(
+        "\n".join(textwrap.wrap(line, width=max(width, 40), subsequent_indent=indent, break_on_hyphens=False)) or line
+    )

@@ -11,9 +11,10 @@ import difflib
 import functools
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.plugin import API_ATTR, KINDS, LISTED
@@ -36,8 +37,10 @@ class PluginInfo:
     @property
     def where(self) -> str:
         """Who provides it, for messages: distribution, version and entry point."""
-        return (f"distribution {self.distribution} {self.version}, entry point "
-                f"'{self.name} = {self.target}' in group '{GROUP_PREFIX}{self.kind}'")
+        return (
+            f"distribution {self.distribution} {self.version}, entry point "
+            f"'{self.name} = {self.target}' in group '{GROUP_PREFIX}{self.kind}'"
+        )
 
 
 def normalize(dist_name: str) -> str:
@@ -81,8 +84,9 @@ def refresh() -> None:
 def list_plugins(kind: str | None = None) -> list[PluginInfo]:
     """Every installed plugin (or those of one group), sorted; imports nothing."""
     kinds = LISTED if kind is None else (kind,)
-    return sorted((_info(k, ep) for k in kinds for ep in _entry_points(k)),
-                  key=lambda p: (p.kind, p.name, p.distribution))
+    return sorted(
+        (_info(k, ep) for k in kinds for ep in _entry_points(k)), key=lambda p: (p.kind, p.name, p.distribution)
+    )
 
 
 def collisions(plugins: list[PluginInfo]) -> dict[tuple[str, str], list[PluginInfo]]:
@@ -111,8 +115,10 @@ def matching(name: str, kind: str | None = None) -> list[PluginInfo]:
     found = [p for p in listed if _designates(name, p.name, p.distribution)]
     if not found:
         names = sorted({p.name for p in listed})
-        raise UserError(f"no {singular(kind) + ' ' if kind else ''}plugin named '{name}'.{did_you_mean(short, names)} "
-                        f"Installed: {', '.join(names) or 'none'}; run 'sweeper plugins'.")
+        raise UserError(
+            f"no {singular(kind) + ' ' if kind else ''}plugin named '{name}'.{did_you_mean(short, names)} "
+            f"Installed: {', '.join(names) or 'none'}; run 'sweeper plugins'."
+        )
     return found
 
 
@@ -125,12 +131,15 @@ def _find(kind: str, name: str) -> EntryPoint:
         raise UserError(
             f"unknown {singular(kind)} plugin '{name}'.{hint} Available: {', '.join(names) or 'none'}. "
             f"Third-party plugins register under the entry-point group '{GROUP_PREFIX}{kind}'; "
-            f"run 'sweeper plugins' to list what is installed.")
+            f"run 'sweeper plugins' to list what is installed."
+        )
     if len(matches) > 1:
         matches.sort(key=lambda ep: _info(kind, ep).distribution)  # stable message, whatever the sys.path order
         owners = "; ".join(_info(kind, ep).where for ep in matches)
-        raise UserError(f"{singular(kind)} plugin name '{short}' is claimed by several distributions "
-                        f"({owners}); pin one in the spec, e.g. plugin: \"{_info(kind, matches[0]).qualified}\".")
+        raise UserError(
+            f"{singular(kind)} plugin name '{short}' is claimed by several distributions "
+            f'({owners}); pin one in the spec, e.g. plugin: "{_info(kind, matches[0]).qualified}".'
+        )
     return matches[0]
 
 
@@ -144,8 +153,11 @@ def api_versions(declared: Any) -> tuple[int, ...] | None:
     it does not declare (or declares something malformed: the caller reports that)."""
     if isinstance(declared, int) and not isinstance(declared, bool):
         return (declared,)
-    if isinstance(declared, (list, tuple, range)) and declared and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in declared):
+    if (
+        isinstance(declared, (list, tuple, range))
+        and declared
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in declared)
+    ):
         return tuple(declared)
     return None
 
@@ -166,16 +178,20 @@ def _check_api(kind: str, ep: EntryPoint) -> None:
     versions = api_versions(declared)
     i = _info(kind, ep)
     if versions is None:
-        raise UserError(f"{singular(kind)} plugin '{ep.name}' ({i.where}) declares {API_ATTR} = {declared!r} "
-                        f"in module {ep.module}; expected an int or a list of ints, e.g. {API_ATTR} = "
-                        f"{PLUGIN_API_VERSION}.")
+        raise UserError(
+            f"{singular(kind)} plugin '{ep.name}' ({i.where}) declares {API_ATTR} = {declared!r} "
+            f"in module {ep.module}; expected an int or a list of ints, e.g. {API_ATTR} = "
+            f"{PLUGIN_API_VERSION}."
+        )
     if PLUGIN_API_VERSION not in versions:
         targets = ", ".join(map(str, versions))
-        raise UserError(f"{singular(kind)} plugin '{ep.name}' ({i.where}) targets sweeper plugin API "
-                        f"version {targets} ({ep.module}.{API_ATTR}), but this sweeper implements "
-                        f"sweeper.PLUGIN_API_VERSION = {PLUGIN_API_VERSION}; install a release of "
-                        f"{i.distribution} built for API {PLUGIN_API_VERSION}, or a sweeper that "
-                        f"implements API {targets}.")
+        raise UserError(
+            f"{singular(kind)} plugin '{ep.name}' ({i.where}) targets sweeper plugin API "
+            f"version {targets} ({ep.module}.{API_ATTR}), but this sweeper implements "
+            f"sweeper.PLUGIN_API_VERSION = {PLUGIN_API_VERSION}; install a release of "
+            f"{i.distribution} built for API {PLUGIN_API_VERSION}, or a sweeper that "
+            f"implements API {targets}."
+        )
 
 
 @functools.cache
@@ -188,9 +204,12 @@ def get(kind: str, name: str) -> Callable[..., Any]:
         raise UserError(
             f"{singular(kind)} plugin '{name}' ({_info(kind, ep).where}) failed to import: "
             f"{type(exc).__name__}: {exc}. Other plugins are unaffected; reinstall or fix that "
-            f"distribution, or pin another one.") from exc
+            f"distribution, or pin another one."
+        ) from exc
     _check_api(kind, ep)
     if kind in KINDS and not callable(factory):
-        raise UserError(f"{singular(kind)} plugin '{name}' ({_info(kind, ep).where}) is a "
-                        f"{type(factory).__name__}, not a callable factory; see docs/plugins.md.")
+        raise UserError(
+            f"{singular(kind)} plugin '{name}' ({_info(kind, ep).where}) is a "
+            f"{type(factory).__name__}, not a callable factory; see docs/plugins.md."
+        )
     return factory

@@ -25,8 +25,10 @@ def _text(p: registry.PluginInfo) -> str:
     try:
         return (files(package) / f"{p.name}.yaml").read_text()
     except Exception as exc:  # import error, missing file: the distribution's to fix
-        raise UserError(f"search space '{p.name}' ({p.where}) cannot be read: expected the file "
-                        f"{p.name}.yaml inside package {package} ({type(exc).__name__}: {exc}).") from None
+        raise UserError(
+            f"search space '{p.name}' ({p.where}) cannot be read: expected the file "
+            f"{p.name}.yaml inside package {package} ({type(exc).__name__}: {exc})."
+        ) from None
 
 
 def find(source: str) -> registry.PluginInfo:
@@ -36,18 +38,23 @@ def find(source: str) -> registry.PluginInfo:
     _, short = registry.split_name(source)
     if any(t.name == short for t in templates):
         return registry.info(GROUP, source)
-    owners = {p.distribution for k in KINDS for p in registry.list_plugins(k)
-              if p.name == short or p.qualified == source}
+    owners = {
+        p.distribution for k in KINDS for p in registry.list_plugins(k) if p.name == short or p.qualified == source
+    }
     shipped = [t for t in templates if t.distribution in owners]
     available = ", ".join(t.qualified for t in templates) or "none installed"
     if len(shipped) == 1:
         return shipped[0]
     if shipped:
-        raise UserError(f"'{source}' comes from {', '.join(sorted(owners))}, which ships several search "
-                        f"spaces: {', '.join(t.qualified for t in shipped)}; pass one of them to --from.")
+        raise UserError(
+            f"'{source}' comes from {', '.join(sorted(owners))}, which ships several search "
+            f"spaces: {', '.join(t.qualified for t in shipped)}; pass one of them to --from."
+        )
     what = f"plugin '{source}' (from {', '.join(sorted(owners))}) ships" if owners else f"'{source}' is"
-    raise UserError(f"{what} no search space. Search spaces available to 'sweeper init --from': {available}. "
-                    f"A distribution ships one in the entry-point group 'sweeper.{GROUP}'.")
+    raise UserError(
+        f"{what} no search space. Search spaces available to 'sweeper init --from': {available}. "
+        f"A distribution ships one in the entry-point group 'sweeper.{GROUP}'."
+    )
 
 
 def init(source: str, out: Path | None, force: bool = False) -> tuple[Path, registry.PluginInfo]:
@@ -64,8 +71,10 @@ def init(source: str, out: Path | None, force: bool = False) -> tuple[Path, regi
     out = out or Path(f"{template.name}.yaml")
     if out.exists() and not force:
         raise UserError(f"{out} already exists; choose another path with --out, or pass --force to overwrite it.")
-    header = (f"# Copied by `sweeper init --from {source}` from search space '{template.name}' of "
-              f"{template.distribution} {template.version}.\n# Edit freely; check with `sweeper validate {out}`.\n")
+    header = (
+        f"# Copied by `sweeper init --from {source}` from search space '{template.name}' of "
+        f"{template.distribution} {template.version}.\n# Edit freely; check with `sweeper validate {out}`.\n"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(header + text)
     return out, template

@@ -10,9 +10,10 @@ parameter that varies; a contour two parameters) is left out with its reason."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
@@ -28,9 +29,15 @@ class Plots:
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why
 
 
-TITLES = {"pareto": "Pareto front", "history": "Optimization history", "intermediate": "Learning curves (intermediate values)",
-          "importance": "Parameter importances", "parallel": "Parallel coordinates",
-          "slice": "Slice of the top parameters", "contour": "Contour of the top two parameters"}
+TITLES = {
+    "pareto": "Pareto front",
+    "history": "Optimization history",
+    "intermediate": "Learning curves (intermediate values)",
+    "importance": "Parameter importances",
+    "parallel": "Parallel coordinates",
+    "slice": "Slice of the top parameters",
+    "contour": "Contour of the top two parameters",
+}
 
 
 def _importance_target(study: optuna.Study, objective: int) -> dict[str, Any]:
@@ -78,17 +85,24 @@ def make(study: optuna.Study, folder: Path | None, primary: int = 0) -> Plots:
     varied = [p for p in top if len({repr(t.params.get(p)) for t in complete}) > 1]
     makers: dict[str, tuple[Callable[..., Any], Callable[..., Any], dict[str, Any]] | str] = {
         "pareto": (vis.plot_pareto_front, mvis.plot_pareto_front, {"target_names": names})
-        if several and len(names) <= 3 else "one objective" if not several else "more than three objectives",
+        if several and len(names) <= 3
+        else "one objective"
+        if not several
+        else "more than three objectives",
         "history": (vis.plot_optimization_history, mvis.plot_optimization_history, named),
         "intermediate": (vis.plot_intermediate_values, mvis.plot_intermediate_values, {})
-        if any(t.intermediate_values for t in study.trials) else "no trial reported an epoch",
+        if any(t.intermediate_values for t in study.trials)
+        else "no trial reported an epoch",
         "importance": (vis.plot_param_importances, mvis.plot_param_importances, _importance_target(study, primary))
-        if len(complete) >= 2 and varied else "needs two complete trials and a parameter that varies",
+        if len(complete) >= 2 and varied
+        else "needs two complete trials and a parameter that varies",
         "parallel": (vis.plot_parallel_coordinate, mvis.plot_parallel_coordinate, {"params": top, **named})
-        if top else "no parameters",
+        if top
+        else "no parameters",
         "slice": (vis.plot_slice, mvis.plot_slice, {"params": top, **named}) if top else "no parameters",
         "contour": (vis.plot_contour, mvis.plot_contour, {"params": varied[:2], **named})
-        if len(varied) >= 2 else "needs two parameters that vary",
+        if len(varied) >= 2
+        else "needs two parameters that vary",
     }
     if folder is not None:
         import matplotlib

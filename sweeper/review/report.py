@@ -103,12 +103,19 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
     objective = summary.get("objective", {})
     metric = objective.get("metric", "value")
     counts = ", ".join(f"{n} {state}" for state, n in sorted(summary.get("counts", {}).items())) or "no trials"
-    parts = [f"<h1>Sweep {_e(summary.get('name'))}</h1>",
-             f"<p>Objective: <b>{_e(metric)}</b> ({_e(objective.get('direction'))}). Trials: {_e(counts)}. "
-             f"Search: {summary.get('search_seconds', 0):.1f} s.</p>",
-             _kv_table({"MLflow tracking URI": summary.get("mlflow", {}).get("tracking_uri"),
-                        "MLflow sweep run": summary.get("mlflow", {}).get("parent_run_id"),
-                        "Optuna storage": summary.get("storage"), "output folder": summary.get("out_dir")})]
+    parts = [
+        f"<h1>Sweep {_e(summary.get('name'))}</h1>",
+        f"<p>Objective: <b>{_e(metric)}</b> ({_e(objective.get('direction'))}). Trials: {_e(counts)}. "
+        f"Search: {summary.get('search_seconds', 0):.1f} s.</p>",
+        _kv_table(
+            {
+                "MLflow tracking URI": summary.get("mlflow", {}).get("tracking_uri"),
+                "MLflow sweep run": summary.get("mlflow", {}).get("parent_run_id"),
+                "Optuna storage": summary.get("storage"),
+                "output folder": summary.get("out_dir"),
+            }
+        ),
+    ]
     parts += _front(summary)
     parts += _best(summary.get("best"), metric)
     parts += _trials(records, metric)
@@ -117,10 +124,15 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
     parts += _export(summary.get("export"), summary.get("registry"))
     failed = [r for r in records if r.state == "failed"]
     parts.append("<h2>Failures</h2>")
-    parts.append(_table(["trial", "reason"], [[r.number, r.reason or ""] for r in failed]) if failed
-                 else "<p class=note>No trial failed.</p>")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sweeper report: {_e(summary.get('name'))}"
-            f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+    parts.append(
+        _table(["trial", "reason"], [[r.number, r.reason or ""] for r in failed])
+        if failed
+        else "<p class=note>No trial failed.</p>"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sweeper report: {_e(summary.get('name'))}"
+        f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>"
+    )
 
 
 def _front(summary: dict[str, Any]) -> list[str]:
@@ -129,37 +141,63 @@ def _front(summary: dict[str, Any]) -> list[str]:
     if not front:
         return []
     names = [g["metric"] for g in goals]
-    rows = [[p["number"], *(_short(p["values"].get(m)) for m in names),
-             "<br>".join(f"{_e(k)} = {_e(_short(v))}" for k, v in p["params"].items())] for p in front]
+    rows = [
+        [
+            p["number"],
+            *(_short(p["values"].get(m)) for m in names),
+            "<br>".join(f"{_e(k)} = {_e(_short(v))}" for k, v in p["params"].items()),
+        ]
+        for p in front
+    ]
     rule = summary.get("choose") or {}
-    said = (f"prefer {rule.get('prefer') or names[0]}" + "".join(f", {m} within {t} of the best"
-                                                                for m, t in (rule.get("within") or {}).items()))
+    said = f"prefer {rule.get('prefer') or names[0]}" + "".join(
+        f", {m} within {t} of the best" for m, t in (rule.get("within") or {}).items()
+    )
     listed = ", ".join(f"{g['metric']} ({g['direction']})" for g in goals)
     rows = [[_e(c) for c in row[:-1]] + row[-1:] for row in rows]  # the params cell is HTML already
-    return [f"<h2>Pareto front ({len(front)} of the complete trials)</h2>",
-            f"<p>Objectives: {_e(listed)}. Export takes the point export.choose picks: {_e(said)}.</p>",
-            _table(["trial", *names, "params"], rows, escape=False)]
+    return [
+        f"<h2>Pareto front ({len(front)} of the complete trials)</h2>",
+        f"<p>Objectives: {_e(listed)}. Export takes the point export.choose picks: {_e(said)}.</p>",
+        _table(["trial", *names, "params"], rows, escape=False),
+    ]
 
 
 def _best(best: dict[str, Any] | None, metric: str) -> list[str]:
     if not best:
         return ["<h2>Best trial</h2><p class=note>No trial completed.</p>"]
     shown = ", ".join(f"{m} = {v:.6g}" for m, v in (best.get("values") or {metric: best["value"]}).items())
-    return [f"<h2>Best trial: {best['number']} ({_e(shown)})</h2>",
-            _kv_table({**{f"param {k}": v for k, v in best.get("params", {}).items()},
-                       **{f"footprint {k}": f"{v:.6g}" for k, v in (best.get("footprint") or {}).items()},
-                       **{f"metric {k}": f"{v:.6g}" for k, v in (best.get("metrics") or {}).items()},
-                       "seed": best.get("seed"), "MLflow run": best.get("mlflow_run_id"),
-                       "checkpoint": best.get("checkpoint")})]
+    return [
+        f"<h2>Best trial: {best['number']} ({_e(shown)})</h2>",
+        _kv_table(
+            {
+                **{f"param {k}": v for k, v in best.get("params", {}).items()},
+                **{f"footprint {k}": f"{v:.6g}" for k, v in (best.get("footprint") or {}).items()},
+                **{f"metric {k}": f"{v:.6g}" for k, v in (best.get("metrics") or {}).items()},
+                "seed": best.get("seed"),
+                "MLflow run": best.get("mlflow_run_id"),
+                "checkpoint": best.get("checkpoint"),
+            }
+        ),
+    ]
 
 
 def _trials(records: list[TrialRecord], metric: str) -> list[str]:
-    rows = [[r.number, f"<span class={r.state}>{r.state}</span>", "" if r.value is None else f"{r.value:.6g}",
-             r.epochs, "" if r.seconds is None else f"{r.seconds:.2f}",
-             "<br>".join(f"{_e(k)} = {_e(_short(v))}" for k, v in r.params.items()), _e(r.reason or "")]
-            for r in sorted(records, key=lambda r: r.number)]
-    return [f"<h2>Trials ({len(records)})</h2>",
-            _table(["trial", "state", metric, "epochs", "seconds", "params", "reason"], rows, escape=False)]
+    rows = [
+        [
+            r.number,
+            f"<span class={r.state}>{r.state}</span>",
+            "" if r.value is None else f"{r.value:.6g}",
+            r.epochs,
+            "" if r.seconds is None else f"{r.seconds:.2f}",
+            "<br>".join(f"{_e(k)} = {_e(_short(v))}" for k, v in r.params.items()),
+            _e(r.reason or ""),
+        ]
+        for r in sorted(records, key=lambda r: r.number)
+    ]
+    return [
+        f"<h2>Trials ({len(records)})</h2>",
+        _table(["trial", "state", metric, "epochs", "seconds", "params", "reason"], rows, escape=False),
+    ]
 
 
 def _plots(made: search_plots.Plots) -> list[str]:
@@ -182,8 +220,15 @@ def _lr_finder(found: dict[str, Any] | None) -> list[str]:
     out = ["<h2>LR range test</h2>", f"<p>{_e(found.get('note', ''))} (policy: {_e(found.get('policy'))})</p>"]
     for f in found.get("findings", []):
         suggestion = f.get("suggestion")
-        out.append(_kv_table({"configuration": json.dumps(f.get("config")), "suggested lr":
-                              "none" if suggestion is None else f"{suggestion:.3g}", "steps": f.get("steps")}))
+        out.append(
+            _kv_table(
+                {
+                    "configuration": json.dumps(f.get("config")),
+                    "suggested lr": "none" if suggestion is None else f"{suggestion:.3g}",
+                    "steps": f.get("steps"),
+                }
+            )
+        )
         plot = Path(f.get("plot") or "")
         if plot.is_file():
             data = base64.b64encode(plot.read_bytes()).decode()
@@ -195,13 +240,25 @@ def _export(export: dict[str, Any] | None, registry: dict[str, Any] | None) -> l
     out = ["<h2>Export</h2>"]
     if not export:
         return [*out, "<p class=note>Nothing was exported.</p>"]
-    out.append(f"<p>Trial {export.get('source', {}).get('trial')}; parity checked on {export.get('val_size')} "
-               f"validation rows, tolerance {export.get('atol')}; eager {export.get('eager_val_acc')}.</p>")
-    rows = [[f.get("format"), f.get("path", ""), f.get("bytes", ""),
-             json.dumps(f.get("parity_max_abs_diff", {})), f.get("max_abs_diff", ""), f.get("val_acc", ""),
-             f.get("error", "")] for f in export.get("formats", [])]
-    out.append(_table(["format", "file", "bytes", "max |eager - exported| by batch size", "max", "val_acc",
-                       "error"], rows))
+    out.append(
+        f"<p>Trial {export.get('source', {}).get('trial')}; parity checked on {export.get('val_size')} "
+        f"validation rows, tolerance {export.get('atol')}; eager {export.get('eager_val_acc')}.</p>"
+    )
+    rows = [
+        [
+            f.get("format"),
+            f.get("path", ""),
+            f.get("bytes", ""),
+            json.dumps(f.get("parity_max_abs_diff", {})),
+            f.get("max_abs_diff", ""),
+            f.get("val_acc", ""),
+            f.get("error", ""),
+        ]
+        for f in export.get("formats", [])
+    ]
+    out.append(
+        _table(["format", "file", "bytes", "max |eager - exported| by batch size", "max", "val_acc", "error"], rows)
+    )
     if registry:
         out.append(_kv_table({f"registry {k}": v for k, v in registry.items()}))
     return out

@@ -50,12 +50,21 @@ def study_of(spec: SweepSpec, records: list[TrialRecord]) -> optuna.Study:
             continue
         params = {k: _choice(v) for k, v in r.params.items() if k in spaces}
         params = {k: v for k, v in params.items() if _within(spaces[k], v)}
-        steps = {epoch: h[metric] for epoch, h in enumerate(r.history, 1)
-                 if isinstance(h.get(metric), (int, float)) and math.isfinite(h[metric])}
-        trials.append(optuna.trial.create_trial(
-            state=STATES[r.state], values=[scores[g.metric] for g in goals] if scores else None, params=params,
-            distributions={k: spaces[k] for k in params}, intermediate_values=steps,
-            user_attrs={"number": r.number, "reason": r.reason or ""}))
+        steps = {
+            epoch: h[metric]
+            for epoch, h in enumerate(r.history, 1)
+            if isinstance(h.get(metric), (int, float)) and math.isfinite(h[metric])
+        }
+        trials.append(
+            optuna.trial.create_trial(
+                state=STATES[r.state],
+                values=[scores[g.metric] for g in goals] if scores else None,
+                params=params,
+                distributions={k: spaces[k] for k in params},
+                intermediate_values=steps,
+                user_attrs={"number": r.number, "reason": r.reason or ""},
+            )
+        )
     study.add_trials(trials)
     return study
 

@@ -1,6 +1,7 @@
 """Which trial checkpoints a sweep keeps in <out>/checkpoints, the same rule for both backends:
 the best completed trial's always (export rebuilds the model from it; with objectives, those of
-the Pareto front), every completed trial's with export.keep_checkpoints: all (so `sweeper export RUN_ID` reaches each of them).
+the Pareto front), every completed trial's with export.keep_checkpoints: all (so `sweeper export RUN_ID` reaches
+each of them).
 
 A sweep that many machines serve (search.storage set) also publishes each completed trial's
 checkpoint where every machine reads it: under search.artifact_root (a shared mount), else as
@@ -58,9 +59,11 @@ def fetch(spec: SweepSpec, tracker: Tracker, record: TrialRecord, out_dir: Path)
             return tracker.download(record.mlflow_run_id, f"{ARTIFACT_FOLDER}/{local.name}", local.parent)
         except LookupError:
             pass
-    raise UserError(f"the checkpoint of trial {record.number} is neither in {local.parent} nor published "
-                    f"(search.artifact_root, or its MLflow run): was it trained on another machine of a sweep "
-                    f"without search.storage?")
+    raise UserError(
+        f"the checkpoint of trial {record.number} is neither in {local.parent} nor published "
+        f"(search.artifact_root, or its MLflow run): was it trained on another machine of a sweep "
+        f"without search.storage?"
+    )
 
 
 def best(spec: SweepSpec, records: list[TrialRecord]) -> TrialRecord | None:
@@ -84,15 +87,36 @@ def standing(spec: SweepSpec, records: list[TrialRecord]) -> dict[str, Any]:
     for r in records:
         counts[r.state] = counts.get(r.state, 0) + 1
     top = best(spec, records)
-    entry = None if top is None else {
-        "number": top.number, "params": top.params, "value": top.value, "values": top.scores(spec), "seed": top.seed,
-        "mlflow_run_id": top.mlflow_run_id, "metrics": top.history[-1] if top.history else {},
-        "footprint": top.footprint}
-    pareto = [{"number": r.number, "values": r.scores(spec), "params": r.params, "mlflow_run_id": r.mlflow_run_id}
-              for r in front(spec, records)] if len(spec.goals) > 1 else None
-    return {"objective": spec.objective.model_dump(), "objectives": [g.model_dump() for g in spec.goals],
-            "pareto_front": pareto, "choose": spec.export.choose.model_dump() if spec.export.choose else None,
-            "counts": counts, "best": entry}
+    entry = (
+        None
+        if top is None
+        else {
+            "number": top.number,
+            "params": top.params,
+            "value": top.value,
+            "values": top.scores(spec),
+            "seed": top.seed,
+            "mlflow_run_id": top.mlflow_run_id,
+            "metrics": top.history[-1] if top.history else {},
+            "footprint": top.footprint,
+        }
+    )
+    pareto = (
+        [
+            {"number": r.number, "values": r.scores(spec), "params": r.params, "mlflow_run_id": r.mlflow_run_id}
+            for r in front(spec, records)
+        ]
+        if len(spec.goals) > 1
+        else None
+    )
+    return {
+        "objective": spec.objective.model_dump(),
+        "objectives": [g.model_dump() for g in spec.goals],
+        "pareto_front": pareto,
+        "choose": spec.export.choose.model_dump() if spec.export.choose else None,
+        "counts": counts,
+        "best": entry,
+    }
 
 
 def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:
@@ -106,8 +130,7 @@ def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:
     return [] if top is None else [top.number]
 
 
-def keep_better(spec: SweepSpec, kept_so_far: list[TrialRecord], new: TrialRecord,
-                out_dir: Path) -> list[TrialRecord]:
+def keep_better(spec: SweepSpec, kept_so_far: list[TrialRecord], new: TrialRecord, out_dir: Path) -> list[TrialRecord]:
     """The rule applied as a sweep goes, one completed trial at a time: returns the trials kept
     among ``kept_so_far`` and ``new`` and deletes the others' checkpoints (unless all are kept)."""
     pool = sorted([*kept_so_far, new], key=lambda r: r.number)  # ties: the lower number

@@ -13,7 +13,7 @@ breaker); a failure of resources (out of memory, a worker killed) is retried.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from sweeper.errors import SweepStopped
 from sweeper.spec import SweepSpec
@@ -67,7 +67,8 @@ def breaker(spec: SweepSpec, records: list[TrialRecord], left: int | None) -> Sw
         f"with the same error and none completed, so the others would most likely fail too ({budget}).\n"
         f"  {error}\nThe traceback: {traceback}. Fix the cause and run the same command again: the sweep "
         f"resumes, failed trials stay recorded. To keep trying regardless, set search.max_failures_in_a_row "
-        f"higher (0: never stop).")
+        f"higher (0: never stop)."
+    )
 
 
 def oom_retry(trial_spec: SweepSpec, attempt: int) -> int | None:

@@ -84,6 +84,10 @@ class InterimReview:
 
 def summary_so_far(spec: SweepSpec, records: list[TrialRecord], parent: str) -> dict[str, Any]:
     """What the report reads, for a sweep still running (no export yet)."""
-    return {"name": f"{spec.name} (running: {len(records)} trials so far)", **checkpoints.standing(spec, records),
-            "spec": spec.model_dump(mode="json"), "mlflow": {"parent_run_id": parent},
-            "trials": [r.model_dump(mode="json") for r in records]}
+    return {
+        "name": f"{spec.name} (running: {len(records)} trials so far)",
+        **checkpoints.standing(spec, records),
+        "spec": spec.model_dump(mode="json"),
+        "mlflow": {"parent_run_id": parent},
+        "trials": [r.model_dump(mode="json") for r in records],
+    }

@@ -13,10 +13,11 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import TrialConfig
@@ -36,9 +37,11 @@ class Executor(Protocol):
 
     def submit(self, task: list[TrialConfig]) -> None:
         """Start a task: one trial, or several trained as one fused model."""
+
     def results(self, timeout_s: float) -> Iterator[Outcome]:
         """Serve the running trials; yield those that finished, after at most ``timeout_s``
         without one (so that the caller can look at the study meanwhile)."""
+
     def close(self) -> None: ...
 
 
@@ -109,7 +112,8 @@ class InlineExecutor:
                     f"the sweep stopped: trial {outcome.number} broke this process's CUDA context ({outcome.reason}); "
                     f"no later trial could run in it. The trial is recorded as failed. Run the same command again: "
                     f"the sweep resumes in a new process (with search.parallel above 1, a worker process that "
-                    f"breaks its context is replaced instead)")
+                    f"breaks its context is replaced instead)"
+                )
 
     def close(self) -> None:
         self.recorder.shutdown(wait=True)
@@ -160,7 +164,9 @@ class ProcessPool:
         passed without one."""
         deadline = time.monotonic() + timeout_s
         while self.running:
-            ready = wait([self.conns[i] for i in self.running], timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+            ready = wait(
+                [self.conns[i] for i in self.running], timeout=min(POLL_S, max(0.0, deadline - time.monotonic()))
+            )
             if not ready:
                 dead = list(self._reap_dead())
                 yield from dead
@@ -181,7 +187,7 @@ class ProcessPool:
                 else:
                     del self.running[index]
                     if any(o.context_lost for o in payload):  # the worker exits (see _worker_loop): a new one
-                        self.procs[index].join()              # takes its place
+                        self.procs[index].join()  # takes its place
                         self.conns[index].close()
                         self._start_worker(index)
                     yield from payload
@@ -240,8 +246,10 @@ def death(exitcode: int | None, oom_kills_before: int | None) -> str:
             now = oom_kill_count()
             if now is not None and oom_kills_before is not None and now > oom_kills_before:
                 return "its worker process was killed by the system's out-of-memory killer (SIGKILL)"
-            return ("its worker process was killed (SIGKILL), most likely by the system for lack of memory "
-                    "(the kernel's out-of-memory killer; `dmesg` says) or by a user")
+            return (
+                "its worker process was killed (SIGKILL), most likely by the system for lack of memory "
+                "(the kernel's out-of-memory killer; `dmesg` says) or by a user"
+            )
         return f"its worker process was killed by {name}"
     return f"its worker process died (exit code {exitcode})"
 
@@ -282,7 +290,9 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
         while (task := conn.recv()) is not None:
             outcomes = execute_group(task, decide, index)
             conn.send(("end", outcomes))
-            if any(o.context_lost for o in outcomes):  # every later CUDA call here would fail: the pool starts a new worker
+            if any(
+                o.context_lost for o in outcomes
+            ):  # every later CUDA call here would fail: the pool starts a new worker
                 return
     except (EOFError, OSError):  # the parent is gone: nobody wants the result
         pass

@@ -7,8 +7,9 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -23,8 +24,8 @@ from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, st
 from sweeper.spec import SweepSpec
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
-from sweeper.track.sync import sync_tracker
 from sweeper.track.records import TrialRecord
+from sweeper.track.sync import sync_tracker
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.preflight import dry_build
 
@@ -45,8 +46,12 @@ def tracker_for(spec: SweepSpec, out_dir: Path | None = None) -> Tracker:
     for attempt in range(TRACKER_ATTEMPTS):
         try:
             # a sweep's tracker sends what needs no answer from a thread of its own (track/sender.py)
-            return Tracker(uri, spec.tracking.experiment or spec.name, out_dir / JOURNAL if out_dir else None,
-                           asynchronous=out_dir is not None)
+            return Tracker(
+                uri,
+                spec.tracking.experiment or spec.name,
+                out_dir / JOURNAL if out_dir else None,
+                asynchronous=out_dir is not None,
+            )
         except UserError:
             raise
         except Exception:  # processes starting together race to create (migrate) a new MLflow database
@@ -71,9 +76,11 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            raise UserError(f"{out_dir}: this output folder is in use by `sweeper run` ({holder}); wait for it "
-                            f"to finish, give this run another --out, or add this process to the sweep "
-                            f"with `sweeper worker`") from None
+            raise UserError(
+                f"{out_dir}: this output folder is in use by `sweeper run` ({holder}); wait for it "
+                f"to finish, give this run another --out, or add this process to the sweep "
+                f"with `sweeper worker`"
+            ) from None
         handle.truncate(0)
         handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
         handle.flush()
@@ -89,8 +96,7 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
 
     check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; "
-                        "use 'auto' or 'cpu'")
+        raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
     if spec.search.backend == "optuna" and spec.search.parallel > 1:
@@ -121,12 +127,19 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
     warm_start.log(tracker, parent, warm, out_dir)
     observer.note(warm.note)
     lr = warm.spec.search.space[warm_start.LR]
-    return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, lr_range=(lr.low, lr.high),
-                    enqueue=list(warm.enqueue), lr_finder=warm.summary(), fresh=True)
+    return Prepared(
+        tracking_uri=redact(tracker.uri),
+        parent_run_id=parent,
+        lr_range=(lr.low, lr.high),
+        enqueue=list(warm.enqueue),
+        lr_finder=warm.summary(),
+        fresh=True,
+    )
 
 
-def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, searcher: backend.Backend,
-           store: SweepStore) -> dict[str, Any]:
+def _serve(
+    spec: SweepSpec, out_dir: Path, observer: Observer, role: str, searcher: backend.Backend, store: SweepStore
+) -> dict[str, Any]:
     if role == "run":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
@@ -138,8 +151,15 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
         tracker.resume_run(parent)
     spec = prepared.apply(spec)  # the LR finder may have narrowed the space
     interim = InterimReview(observer, spec, tracker, parent) if role == "run" and parent else None
-    ctx = SearchContext(out_dir, tracker, SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
-                        interim or observer, store, role, enqueue=prepared.enqueue)
+    ctx = SearchContext(
+        out_dir,
+        tracker,
+        SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
+        interim or observer,
+        store,
+        role,
+        enqueue=prepared.enqueue,
+    )
     started = time.perf_counter()
     try:
         result = searcher.run(spec, ctx)
@@ -152,8 +172,14 @@ def _serve(spec: SweepSpec, out_dir: Path, observer: Observer, role: str, search
         print(f"warning: the sweep's interim report could not be drawn: {failure}", file=sys.stderr)
     if role == "worker":
         _send_journals(tracker, out_dir, "end")
-        return {"name": spec.name, "role": "worker", "storage": result.storage,
-                "counts": checkpoints.standing(spec, result.records)["counts"], "best": None, "trials": []}
+        return {
+            "name": spec.name,
+            "role": "worker",
+            "storage": result.storage,
+            "counts": checkpoints.standing(spec, result.records)["counts"],
+            "best": None,
+            "trials": [],
+        }
     _send_journals(tracker, out_dir, "search")  # runs created offline get their MLflow ids for the summary
     parent = tracker.real_id(parent)
     checkpoints.prune(spec, result.records, out_dir)
@@ -205,16 +231,22 @@ def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:
     say on stderr what an earlier run had left, or what still waits at the end."""
     report = sync_tracker(tracker)
     if when == "start" and report.sent:
-        print(f"note: sent the {report.sent} MLflow writes that an earlier process left in {out_dir / JOURNAL}",
-              file=sys.stderr)
+        print(
+            f"note: sent the {report.sent} MLflow writes that an earlier process left in {out_dir / JOURNAL}",
+            file=sys.stderr,
+        )
     if when == "end" and report.waiting:
-        print(f"warning: {report.waiting} MLflow writes wait in {out_dir / JOURNAL} (MLflow at "
-              f"{', '.join(sorted(set(report.unreachable))) or redact(tracker.uri)}): "
-              f"`sweeper sync {out_dir}` sends them", file=sys.stderr)
+        print(
+            f"warning: {report.waiting} MLflow writes wait in {out_dir / JOURNAL} (MLflow at "
+            f"{', '.join(sorted(set(report.unreachable))) or redact(tracker.uri)}): "
+            f"`sweeper sync {out_dir}` sends them",
+            file=sys.stderr,
+        )
 
 
-def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker,
-              parent: str | None) -> dict[str, Any]:
+def summarize(
+    spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tracker, parent: str | None
+) -> dict[str, Any]:
     """summary.json: the resolved spec, the best trial (with objectives: the point of the Pareto
     front export.choose picks), the front, and every trial, whichever backend ran them."""
     # runs created while MLflow was away: their MLflow ids, once sent
@@ -223,14 +255,30 @@ def summarize(spec: SweepSpec, result: SearchResult, out_dir: Path, tracker: Tra
     standing = checkpoints.standing(spec, records)
     if standing["best"] is not None:
         standing["best"]["checkpoint"] = str(trial_path(out_dir, standing["best"]["number"]))
-    return {"name": spec.name, "out_dir": str(out_dir), **standing, "storage": result.storage,
-            "mlflow": {"tracking_uri": redact(tracker.uri), "experiment": tracker.experiment,
-                       "experiment_id": tracker.experiment_id, "parent_run_id": parent},
-            "spec": spec.model_dump(mode="json"), "trials": [r.model_dump(mode="json") for r in records]}
+    return {
+        "name": spec.name,
+        "out_dir": str(out_dir),
+        **standing,
+        "storage": result.storage,
+        "mlflow": {
+            "tracking_uri": redact(tracker.uri),
+            "experiment": tracker.experiment,
+            "experiment_id": tracker.experiment_id,
+            "parent_run_id": parent,
+        },
+        "spec": spec.model_dump(mode="json"),
+        "trials": [r.model_dump(mode="json") for r in records],
+    }
 
 
-def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracker: Tracker, parent: str | None,
-            records: list[TrialRecord]) -> tuple[dict[str, Any], list[Path]]:
+def handoff(
+    spec: SweepSpec,
+    best: dict[str, Any],
+    out_dir: Path,
+    tracker: Tracker,
+    parent: str | None,
+    records: list[TrialRecord],
+) -> tuple[dict[str, Any], list[Path]]:
     """Export the best trial's model to every format of ``spec.export`` (export.json) and
     register it under the sweep's run. Returns the summary's ``export`` and ``registry``
     entries and the files to log; a failure is recorded there, never fatal to the sweep."""
@@ -243,10 +291,18 @@ def handoff(spec: SweepSpec, best: dict[str, Any], out_dir: Path, tracker: Track
         best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
         model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]))
     except Exception as exc:
-        return {"export": {"error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
-                                    f"{type(exc).__name__}: {exc}"}}, []
-    source = {"trial": best["number"], "mlflow_run_id": best["mlflow_run_id"], "checkpoint": best["checkpoint"],
-              "objective": best["values"]}
+        return {
+            "export": {
+                "error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
+                f"{type(exc).__name__}: {exc}"
+            }
+        }, []
+    source = {
+        "trial": best["number"],
+        "mlflow_run_id": best["mlflow_run_id"],
+        "checkpoint": best["checkpoint"],
+        "objective": best["values"],
+    }
     handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
     if parent is not None:
         try:

@@ -10,8 +10,9 @@ Exactly one process prepares a sweep; the others wait for it and read what it fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -70,8 +71,9 @@ class FileStore:
         try:
             return Prepared.model_validate_json(self.path.read_bytes())  # bytes: not UTF-8 is a ValidationError
         except ValidationError:
-            raise UserError(f"{self.path}: not the sweep state sweeper writes; remove it to start the "
-                            f"sweep's MLflow record afresh") from None
+            raise UserError(
+                f"{self.path}: not the sweep state sweeper writes; remove it to start the sweep's MLflow record afresh"
+            ) from None
 
     def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
         previous = self.read()

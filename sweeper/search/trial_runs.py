@@ -48,38 +48,64 @@ def flat_params(spec: SweepSpec) -> dict[str, str]:
     for section in ("dataset", "model", "optimizer", "schedule"):
         ref = getattr(spec, section)
         out[f"{section}.plugin"] = ref.plugin
-        out.update({f"{section}.args.{k}": json.dumps(v) if not isinstance(v, str) else v
-                    for k, v in ref.args.items()})
+        out.update({f"{section}.args.{k}": json.dumps(v) if not isinstance(v, str) else v for k, v in ref.args.items()})
     out.update({f"train.{k}": str(v) for k, v in spec.train.model_dump().items()})
     return out
 
 
-def trial_json(config: TrialConfig, sweep: SweepInfo, sampler_seed: int | None,
-               exploits: list[dict[str, Any]] | None = None) -> TrialJson:
+def trial_json(
+    config: TrialConfig, sweep: SweepInfo, sampler_seed: int | None, exploits: list[dict[str, Any]] | None = None
+) -> TrialJson:
     """The one writer of trial.json's content (see track/records.py: TrialJson)."""
     from sweeper.trial.checkpoint import trial_path
 
-    return TrialJson(schema_version=TRIAL_JSON_VERSION, number=config.number, seed=config.seed,
-                     params=config.params, spec=config.spec, threads=config.threads or 1,
-                     sweep_seed=sweep.sweep_seed, sampler_seed=sampler_seed,
-                     data_seed=derive(sweep.sweep_seed, "data"), plugins=provenance(config.spec),
-                     git_rev=sweep.git_rev, checkpoint=str(trial_path(Path(sweep.out_dir), config.number)),
-                     out_dir=sweep.out_dir, exploits=exploits or [])
+    return TrialJson(
+        schema_version=TRIAL_JSON_VERSION,
+        number=config.number,
+        seed=config.seed,
+        params=config.params,
+        spec=config.spec,
+        threads=config.threads or 1,
+        sweep_seed=sweep.sweep_seed,
+        sampler_seed=sampler_seed,
+        data_seed=derive(sweep.sweep_seed, "data"),
+        plugins=provenance(config.spec),
+        git_rev=sweep.git_rev,
+        checkpoint=str(trial_path(Path(sweep.out_dir), config.number)),
+        out_dir=sweep.out_dir,
+        exploits=exploits or [],
+    )
 
 
-def open_trial_run(tracker: Tracker, config: TrialConfig, sweep: SweepInfo, sampler_seed: int | None,
-                   tags: dict[str, str] | None = None, exploits: list[dict[str, Any]] | None = None,
-                   run_id: str | None = None) -> str | None:
+def open_trial_run(
+    tracker: Tracker,
+    config: TrialConfig,
+    sweep: SweepInfo,
+    sampler_seed: int | None,
+    tags: dict[str, str] | None = None,
+    exploits: list[dict[str, Any]] | None = None,
+    run_id: str | None = None,
+) -> str | None:
     """A trial's run, nested under the sweep's: params, provenance tags and trial.json (``run_id``:
     its placeholder from Tracker.new_run_id, created without waiting)."""
     if not tracker.enabled:
         return None
     record = trial_json(config, sweep, sampler_seed, exploits)
-    run_id = tracker.start_run(run_name(config.number), parent=sweep.parent_run_id, run_id=run_id,
-                               params=flat_params(config.spec),
-                               tags={"kind": "trial", "trial": str(config.number), "seed": str(config.seed),
-                                     "git_rev": sweep.git_rev, "sweep_seed": str(sweep.sweep_seed),
-                                     "plugins": json.dumps(record.plugins), **(tags or {})})
+    run_id = tracker.start_run(
+        run_name(config.number),
+        parent=sweep.parent_run_id,
+        run_id=run_id,
+        params=flat_params(config.spec),
+        tags={
+            "kind": "trial",
+            "trial": str(config.number),
+            "seed": str(config.seed),
+            "git_rev": sweep.git_rev,
+            "sweep_seed": str(sweep.sweep_seed),
+            "plugins": json.dumps(record.plugins),
+            **(tags or {}),
+        },
+    )
     tracker.log_dict(run_id, record.model_dump(mode="json"), TRIAL_JSON)
     return run_id
 
@@ -100,13 +126,24 @@ def log_sweep_dataset(tracker: Tracker, spec: SweepSpec, sweep: SweepInfo, info:
     if not tracker.enabled or not digest or parent is None or (parent, digest) in _datasets_logged:
         return
     _datasets_logged.add((parent, digest))
-    tracker.log_dataset(parent, spec.dataset.plugin, digest, {"plugin": spec.dataset.plugin, "args": spec.dataset.args,
-                                                              "seed": derive(sweep.sweep_seed, "data")},
-                        info.get("data_profile") or {})
+    tracker.log_dataset(
+        parent,
+        spec.dataset.plugin,
+        digest,
+        {"plugin": spec.dataset.plugin, "args": spec.dataset.args, "seed": derive(sweep.sweep_seed, "data")},
+        info.get("data_profile") or {},
+    )
 
 
-def close_trial_run(tracker: Tracker, run_id: str | None, state: str, reason: str | None,
-                    error: str | None = None, info: dict[str, Any] | None = None, status: str | None = None) -> None:
+def close_trial_run(
+    tracker: Tracker,
+    run_id: str | None,
+    state: str,
+    reason: str | None,
+    error: str | None = None,
+    info: dict[str, Any] | None = None,
+    status: str | None = None,
+) -> None:
     """The trial's end: state, reason and run info as tags, the traceback as error.txt; the
     run's MLflow status follows the state unless ``status`` is given."""
     if run_id is None:
@@ -128,12 +165,24 @@ def start_sweep_run(tracker: Tracker, spec: SweepSpec, resume_run_id: str | None
     if resume_run_id:
         tracker.resume_run(resume_run_id)
         return resume_run_id
-    run_id = tracker.start_run(spec.name, tags={"kind": "sweep", "git_rev": git_revision()},
-                               params={"seed": spec.seed, "sampler": spec.search.sampler,
-                                       "pruner": spec.search.pruner.type, "n_trials": spec.search.n_trials,
-                                       "objective": spec.objective.metric, "direction": spec.objective.direction,
-                                       **({"objectives": ", ".join(f"{g.metric} ({g.direction})" for g in spec.goals)}
-                                          if len(spec.goals) > 1 else {}), **space_params(spec)})
+    run_id = tracker.start_run(
+        spec.name,
+        tags={"kind": "sweep", "git_rev": git_revision()},
+        params={
+            "seed": spec.seed,
+            "sampler": spec.search.sampler,
+            "pruner": spec.search.pruner.type,
+            "n_trials": spec.search.n_trials,
+            "objective": spec.objective.metric,
+            "direction": spec.objective.direction,
+            **(
+                {"objectives": ", ".join(f"{g.metric} ({g.direction})" for g in spec.goals)}
+                if len(spec.goals) > 1
+                else {}
+            ),
+            **space_params(spec),
+        },
+    )
     tracker.log_dict(run_id, spec.model_dump(mode="json"), "spec.json")
     return run_id
 
@@ -143,8 +192,9 @@ def space_params(spec: SweepSpec) -> dict[str, str]:
     return {f"space.{path}": json.dumps(param) for path, param in sp.as_json(spec.search.space).items()}
 
 
-def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path],
-                  plots: list[Path] | None = None) -> None:
+def end_sweep_run(
+    tracker: Tracker, run_id: str | None, summary: dict[str, Any], files: list[Path], plots: list[Path] | None = None
+) -> None:
     """Best metrics, trial counts and the best trial on the sweep's run; its files (``plots`` in
     its plots/ folder); FINISHED."""
     if run_id is None:
@@ -154,9 +204,15 @@ def end_sweep_run(tracker: Tracker, run_id: str | None, summary: dict[str, Any],
     metrics.update({f"trials_{state}": n for state, n in summary["counts"].items()})
     tracker.log_metrics(run_id, 0, metrics)
     front = summary.get("pareto_front")
-    tracker.set_tags(run_id, {"best_trial": best.get("number"), "best_run_id": best.get("mlflow_run_id"),
-                              "review_trials": str(len(summary.get("trials", []))),  # what report.html covers
-                              **({"pareto_front": ",".join(str(p["number"]) for p in front)} if front else {})})
+    tracker.set_tags(
+        run_id,
+        {
+            "best_trial": best.get("number"),
+            "best_run_id": best.get("mlflow_run_id"),
+            "review_trials": str(len(summary.get("trials", []))),  # what report.html covers
+            **({"pareto_front": ",".join(str(p["number"]) for p in front)} if front else {}),
+        },
+    )
     tracker.log_files(run_id, files)
     tracker.log_files(run_id, plots or [], "plots")
     tracker.end_run(run_id)

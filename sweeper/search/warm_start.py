@@ -48,15 +48,29 @@ class WarmStart:
 
     def summary(self) -> dict[str, Any]:
         """The summary.json entry."""
-        return {"note": self.note, "policy": self.spec.search.lr_finder.policy,
-                "findings": [{"config": f.config, "suggestion": f.result.suggestion, "steps": f.result.steps,
-                              "seconds": f.result.seconds, "plot": str(f.plot)} for f in self.findings]}
+        return {
+            "note": self.note,
+            "policy": self.spec.search.lr_finder.policy,
+            "findings": [
+                {
+                    "config": f.config,
+                    "suggestion": f.result.suggestion,
+                    "steps": f.result.steps,
+                    "seconds": f.result.seconds,
+                    "plot": str(f.plot),
+                }
+                for f in self.findings
+            ],
+        }
 
 
 def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
     """Each combination of the unconditional categorical choices of plugin and batch size."""
-    dims = {path: p.choices for path, p in spec.search.space.items()
-            if isinstance(p, sp.CategoricalParam) and not p.when and path in CONFIG_PATHS}
+    dims = {
+        path: p.choices
+        for path, p in spec.search.space.items()
+        if isinstance(p, sp.CategoricalParam) and not p.when and path in CONFIG_PATHS
+    }
     if math.prod(len(choices) for choices in dims.values()) > MAX_CONFIGS:  # counted, never listed
         return [{}]
     return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
@@ -75,8 +89,16 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
     configured = spec.with_values(config)
     seed = derive(spec.seed, "sweep")
     parts = build(TrialConfig(-1, seed, config, configured), device)
-    return range_test(parts.model, parts.optimizer, parts.data, configured.train,
-                      min_lr=low, max_lr=high, steps=settings.steps, seed=seed)
+    return range_test(
+        parts.model,
+        parts.optimizer,
+        parts.data,
+        configured.train,
+        min_lr=low,
+        max_lr=high,
+        steps=settings.steps,
+        seed=seed,
+    )
 
 
 def _trial_device(spec: SweepSpec) -> Any:
@@ -98,16 +120,25 @@ def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
     and apply the policy."""
     device = _trial_device(spec)
     cache_path = out_dir / CACHE
-    key = json.dumps({"settings": spec.search.lr_finder.model_dump(), "seed": spec.seed,
-                      "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
-                      "lr": spec.search.space[LR].model_dump()}, sort_keys=True, default=str)
+    key = json.dumps(
+        {
+            "settings": spec.search.lr_finder.model_dump(),
+            "seed": spec.seed,
+            "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
+            "lr": spec.search.space[LR].model_dump(),
+        },
+        sort_keys=True,
+        default=str,
+    )
     cached = _read_cache(cache_path, key)
     findings = []
     for i, config in enumerate(configurations(spec)):
         entry = cached.get(json.dumps(config, sort_keys=True))
         result = _cached(entry) or find(spec, config, device)
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
-        findings.append(Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}")))
+        findings.append(
+            Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}"))
+        )
     _release(spec)
     fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
     if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
@@ -137,8 +168,11 @@ def _read_cache(path: Path, key: str) -> dict[str, Any]:
             raise ValueError("not the findings sweeper writes")
         return entries
     except (OSError, ValueError, AttributeError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        print(f"warning: {path}: unreadable LR finder cache ({type(exc).__name__}: {str(exc)[:120]}); running the "
-              f"range tests again and rewriting it", file=sys.stderr)
+        print(
+            f"warning: {path}: unreadable LR finder cache ({type(exc).__name__}: {str(exc)[:120]}); running the "
+            f"range tests again and rewriting it",
+            file=sys.stderr,
+        )
         return {}
 
 
@@ -165,10 +199,15 @@ def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:
         high = clip(max(f.result.suggestion for f in useful) * settings.factor)
         narrowed = narrow(spec, low, high)
     suggestions = ", ".join(f"{f.result.suggestion:.3g}" for f in useful)
-    range_note = f"; LR range narrowed to [{narrowed.search.space[LR].low:.3g}, " \
-                 f"{narrowed.search.space[LR].high:.3g}]" if narrowed is not spec else ""
-    note = f"LR finder: suggestion {suggestions} ({sum(f.result.steps for f in findings)} steps, " \
-           f"{sum(f.result.seconds for f in findings):.1f} s); {len(enqueue)} trial(s) enqueued{range_note}"
+    range_note = (
+        f"; LR range narrowed to [{narrowed.search.space[LR].low:.3g}, {narrowed.search.space[LR].high:.3g}]"
+        if narrowed is not spec
+        else ""
+    )
+    note = (
+        f"LR finder: suggestion {suggestions} ({sum(f.result.steps for f in findings)} steps, "
+        f"{sum(f.result.seconds for f in findings):.1f} s); {len(enqueue)} trial(s) enqueued{range_note}"
+    )
     return WarmStart(narrowed, enqueue, findings, note)
 
 

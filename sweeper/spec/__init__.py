@@ -2,9 +2,35 @@
 dotted paths, and loading it from YAML with overrides."""
 
 from sweeper.spec.load import apply_overrides, json_schema, load, parse_yaml, validate
-from sweeper.spec.model import (EXPORT_FORMATS, METRICS, ExportSpec, LRFinderSpec, Objective, PluginRef,
-                                PrunerSpec, SearchSpec, SweepSpec, TrackingSpec, TrainSpec)
+from sweeper.spec.model import (
+    EXPORT_FORMATS,
+    METRICS,
+    ExportSpec,
+    LRFinderSpec,
+    Objective,
+    PluginRef,
+    PrunerSpec,
+    SearchSpec,
+    SweepSpec,
+    TrackingSpec,
+    TrainSpec,
+)
 
-__all__ = ["EXPORT_FORMATS", "METRICS", "ExportSpec", "LRFinderSpec", "Objective", "PluginRef", "PrunerSpec",
-           "SearchSpec", "SweepSpec", "TrackingSpec", "TrainSpec", "apply_overrides", "json_schema", "load",
-           "parse_yaml", "validate"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "METRICS",
+    "ExportSpec",
+    "LRFinderSpec",
+    "Objective",
+    "PluginRef",
+    "PrunerSpec",
+    "SearchSpec",
+    "SweepSpec",
+    "TrackingSpec",
+    "TrainSpec",
+    "apply_overrides",
+    "json_schema",
+    "load",
+    "parse_yaml",
+    "validate",
+]

@@ -51,33 +51,44 @@ class _Loader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(f"YAML aliases (*{event.anchor}) are not allowed in a spec; write the value out "
-                           f"(a spec is recorded and compared as plain data)", event.start_mark)
+            raise _Refused(
+                f"YAML aliases (*{event.anchor}) are not allowed in a spec; write the value out "
+                f"(a spec is recorded and compared as plain data)",
+                event.start_mark,
+            )
         if getattr(event, "anchor", None) is not None:
-            raise _Refused(f"YAML anchors (&{event.anchor}) are not allowed in a spec; write each value out "
-                           f"(a spec is recorded and compared as plain data)", event.start_mark)
+            raise _Refused(
+                f"YAML anchors (&{event.anchor}) are not allowed in a spec; write each value out "
+                f"(a spec is recorded and compared as plain data)",
+                event.start_mark,
+            )
         self._nodes += 1
         if self._nodes > MAX_NODES:
             raise _Refused(f"more than {MAX_NODES:,} YAML values; a spec is a few hundred", event.start_mark)
         self._depth += 1
         if self._depth > MAX_DEPTH:
-            raise _Refused(f"nested more than {MAX_DEPTH} levels deep; a spec is a few levels deep",
-                           event.start_mark)
+            raise _Refused(f"nested more than {MAX_DEPTH} levels deep; a spec is a few levels deep", event.start_mark)
         try:
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
     def _refuse_tag(self, node: yaml.Node) -> Any:
-        raise _Refused(f"the YAML tag {node.tag} is not allowed in a spec; expected plain values (strings, "
-                       f"numbers, booleans, null, lists, mappings)", node.start_mark)
+        raise _Refused(
+            f"the YAML tag {node.tag} is not allowed in a spec; expected plain values (strings, "
+            f"numbers, booleans, null, lists, mappings)",
+            node.start_mark,
+        )
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
+    re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)  # 2024-05-01
 for _tag in ("binary", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader._refuse_tag)
@@ -92,9 +103,11 @@ def parse_yaml(text: str, source: str) -> Any:
         loader = _Loader(text)
         return loader.get_single_data()
     except yaml.reader.ReaderError as exc:  # a control character: no mark, a position
-        line = text[:exc.position].count("\n") + 1
-        raise UserError(f"{source}:{line}: invalid YAML (character {exc.character:#06x} at offset {exc.position}: "
-                        f"{exc.reason}); expected printable text") from None
+        line = text[: exc.position].count("\n") + 1
+        raise UserError(
+            f"{source}:{line}: invalid YAML (character {exc.character:#06x} at offset {exc.position}: "
+            f"{exc.reason}); expected printable text"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -103,8 +116,10 @@ def parse_yaml(text: str, source: str) -> Any:
         problem = getattr(exc, "problem", None) or str(exc)
         raise UserError(f"{where}: invalid YAML ({problem}); expected a mapping of spec sections.") from None
     except _SCALAR_ERRORS as exc:
-        raise UserError(f"{source}: invalid YAML value ({_short(str(exc))}); expected plain values (strings, "
-                        f"numbers, booleans, null, lists, mappings)") from None
+        raise UserError(
+            f"{source}: invalid YAML value ({_short(str(exc))}); expected plain values (strings, "
+            f"numbers, booleans, null, lists, mappings)"
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -117,8 +132,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not eq or not path or " " in path:
             raise UserError(f"override '{_short(item)}': expected dotted.path=value, e.g. train.epochs=3")
         if path.count(".") >= MAX_DEPTH:
-            raise UserError(f"override '{_short(path)}': nested more than {MAX_DEPTH} levels deep; expected a "
-                            f"dotted path into the spec, e.g. train.epochs")
+            raise UserError(
+                f"override '{_short(path)}': nested more than {MAX_DEPTH} levels deep; expected a "
+                f"dotted path into the spec, e.g. train.epochs"
+            )
         values[path] = parse_yaml(raw, f"override {_short(path)}") if raw else ""
     tree = dict(tree)
     search = tree.get("search") or {}
@@ -140,8 +157,9 @@ def load(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
     path = Path(path)
     tree = parse_yaml(read_text(path), str(path))
     if not isinstance(tree, dict):
-        raise UserError(f"{path}: expected a mapping of spec sections (name, dataset, model, ...), "
-                        f"got {type(tree).__name__}")
+        raise UserError(
+            f"{path}: expected a mapping of spec sections (name, dataset, model, ...), got {type(tree).__name__}"
+        )
     tree = apply_overrides(tree, list(overrides))
     spec = validate(tree, str(path))
     _check_space_types(spec, str(path))
@@ -163,9 +181,11 @@ def read_text(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
-                        f"{expected}, saved as UTF-8") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
+            f"{expected}, saved as UTF-8"
+        ) from None
 
 
 def validate(tree: dict[str, Any], source: str) -> SweepSpec:
@@ -191,8 +211,10 @@ def _check_finite(tree: Any, source: str) -> None:
     while stack:
         where, node = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
-            raise UserError(f"{source}: {where or '(top level)'}: {node} is not a number; expected a finite "
-                            f"number (NaN and infinities are not allowed in a spec)")
+            raise UserError(
+                f"{source}: {where or '(top level)'}: {node} is not a number; expected a finite "
+                f"number (NaN and infinities are not allowed in a spec)"
+            )
         if isinstance(node, dict):
             stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in node.items())
         elif isinstance(node, list):
@@ -211,8 +233,9 @@ def _check_space_types(spec: SweepSpec, source: str) -> None:
                 SweepSpec.model_validate(sp.apply(base, {path: value}))
             except (ValidationError, ValueError) as exc:
                 detail = _describe(exc.errors()[0]) if isinstance(exc, ValidationError) else str(exc)
-                raise UserError(f"{source}: search.space.{path}: value {_short(repr(value))} does not fit the "
-                                f"spec ({detail})") from None
+                raise UserError(
+                    f"{source}: search.space.{path}: value {_short(repr(value))} does not fit the spec ({detail})"
+                ) from None
 
 
 def _describe(err: dict[str, Any]) -> str:
@@ -231,7 +254,7 @@ def _describe(err: dict[str, Any]) -> str:
 
 def _short(text: str, limit: int = 80) -> str:
     """A value quoted in a message: hostile input can be a megabyte long."""
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _fields_at(loc: tuple[Any, ...]) -> list[str]:

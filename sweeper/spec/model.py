@@ -67,10 +67,15 @@ class PrunerSpec(_Strict):
     min_epochs: int = Field(default=1, ge=1, description="no trial is stopped before this epoch")
     reduction_factor: int = Field(default=3, ge=2)  # asha/hyperband: keep 1/reduction_factor per rung
     startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
-    perturbation_interval: int = Field(default=2, ge=1, description="pbt: epochs between exploit/explore "
-                                       "decisions (and between a trial's checkpoints)")
-    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5, description="pbt: the bottom fraction of "
-                                     "the population copies the top fraction (Ray's default)")
+    perturbation_interval: int = Field(
+        default=2, ge=1, description="pbt: epochs between exploit/explore decisions (and between a trial's checkpoints)"
+    )
+    quantile_fraction: float = Field(
+        default=0.25,
+        gt=0,
+        le=0.5,
+        description="pbt: the bottom fraction of the population copies the top fraction (Ray's default)",
+    )
     # pbt: search.space paths PBT mutates; default: the float parameters under optimizer.args.
     # (lr, weight_decay, ...). Only optimizer.args.* and schedule.args.*: the rest of a trial
     # (model shape, data, batch size) must match the weights it takes over.
@@ -98,8 +103,12 @@ class ResourcesSpec(_Strict):
     cpu: float = Field(default=1, gt=0, description="CPU cores per trial; torch uses max(1, int(cpu)) threads")
     # Unset: 1 when the Ray cluster has GPUs, else 0. A trial that reserves no GPU sees none (Ray
     # hides them), so a default of 0 would train every trial on the CPU of a GPU machine.
-    gpu: float | None = Field(default=None, ge=0, description="GPUs per trial; fractions share a GPU (0.5: two "
-                              "trials); default: 1 when the cluster has GPUs, else 0")
+    gpu: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs per trial; fractions share a GPU (0.5: two "
+        "trials); default: 1 when the cluster has GPUs, else 0",
+    )
 
 
 class RaySpec(_Strict):
@@ -123,24 +132,32 @@ class RaySpec(_Strict):
 
 
 # Search options that only the Optuna backend has, and what to use with backend ray instead.
-OPTUNA_ONLY = {"parallel": "search.ray.max_concurrent_trials and search.resources",
-               "reproducible": "nothing: Ray Tune schedules by completion order",
-               "batch_size": "nothing: Ray Tune asks one trial at a time",
-               "storage": "search.ray.storage_path",
-               "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
-               "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
-               "fuse": "nothing yet: Ray Tune runs one trial per actor"}
+OPTUNA_ONLY = {
+    "parallel": "search.ray.max_concurrent_trials and search.resources",
+    "reproducible": "nothing: Ray Tune schedules by completion order",
+    "batch_size": "nothing: Ray Tune asks one trial at a time",
+    "storage": "search.ray.storage_path",
+    "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
+    "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
+    "fuse": "nothing yet: Ray Tune runs one trial per actor",
+}
 
 
 class SearchSpec(_Strict):
     backend: Literal["optuna", "ray"] = "optuna"
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
-    population: int | None = Field(default=None, ge=2, description="nsga2: trials per generation (default: "
-                                   "Optuna's 50; the first generation is random)")
+    population: int | None = Field(
+        default=None,
+        ge=2,
+        description="nsga2: trials per generation (default: Optuna's 50; the first generation is random)",
+    )
     pruner: PrunerSpec = PrunerSpec()
     n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
-    timeout: float | None = Field(default=None, gt=0, description="seconds from the start (or resume) of the "
-                                  "sweep by `sweeper run`; no trial is claimed after it")
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds from the start (or resume) of the sweep by `sweeper run`; no trial is claimed after it",
+    )
     parallel: int = Field(default=1, ge=1, description="worker processes on this machine")
     # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
@@ -150,25 +167,34 @@ class SearchSpec(_Strict):
     # as one model in one process. N: up to N per fused model; off: never; auto: on CUDA only, the
     # batch split evenly over the workers (on a 2-core CPU the demo as shipped, fused 2 by 2, ran 8%
     # faster end to end, within the run-to-run spread; on a GPU one small trial leaves it mostly idle).
-    fuse: Literal["off", "auto"] | int = Field(default="auto", description="trials fused into one model: "
-                                               "off, auto (on CUDA) or a number")
-    storage: str | None = Field(default=None, description="Optuna storage URL shared by every process serving "
-                                "the sweep, e.g. postgresql+psycopg://user@host/db; default: sqlite in --out")
+    fuse: Literal["off", "auto"] | int = Field(
+        default="auto", description="trials fused into one model: off, auto (on CUDA) or a number"
+    )
+    storage: str | None = Field(
+        default=None,
+        description="Optuna storage URL shared by every process serving "
+        "the sweep, e.g. postgresql+psycopg://user@host/db; default: sqlite in --out",
+    )
     # Leases: a process renews the lease of each trial it trains every heartbeat_s; a trial whose
     # lease is older than lease_s (its process or machine stopped) is retried elsewhere.
     heartbeat_s: int = Field(default=10, ge=1, description="seconds between lease renewals")
     lease_s: int = Field(default=60, ge=2, description="seconds without renewal after which a trial is retried")
     # Circuit breaker: when the first N trials all fail with the same error (none completed), the
     # sweep stops with it instead of spending the budget on it. 3: one bad draw is no pattern.
-    max_failures_in_a_row: int = Field(default=3, ge=0, description="first trials failing alike that stop the "
-                                       "sweep (0: never stop)")
+    max_failures_in_a_row: int = Field(
+        default=3, ge=0, description="first trials failing alike that stop the sweep (0: never stop)"
+    )
     # A trial out of memory, or whose worker process or machine was lost, is run again (out of
     # memory: with train.accumulate doubled) at most this many times; then it stays failed.
-    max_retries: int = Field(default=3, ge=0, description="retries of a trial lost to out-of-memory or a "
-                             "dead worker or machine")
-    artifact_root: str | None = Field(default=None, description="a folder every machine reaches (a shared "
-                                      "mount) for trial checkpoints; default: the trials' MLflow runs when "
-                                      "search.storage is set")
+    max_retries: int = Field(
+        default=3, ge=0, description="retries of a trial lost to out-of-memory or a dead worker or machine"
+    )
+    artifact_root: str | None = Field(
+        default=None,
+        description="a folder every machine reaches (a shared "
+        "mount) for trial checkpoints; default: the trials' MLflow runs when "
+        "search.storage is set",
+    )
     lr_finder: LRFinderSpec = LRFinderSpec()
     resources: ResourcesSpec = ResourcesSpec()  # backend ray
     ray: RaySpec = RaySpec()  # backend ray
@@ -185,8 +211,7 @@ class SearchSpec(_Strict):
         for path in self.space:
             root = path.split(".")[0]
             if root not in SEARCHABLE_ROOTS:
-                raise ValueError(f"'{path}' cannot be searched; paths start with one of "
-                                 f"{', '.join(SEARCHABLE_ROOTS)}")
+                raise ValueError(f"'{path}' cannot be searched; paths start with one of {', '.join(SEARCHABLE_ROOTS)}")
         sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
         lr = self.space.get("optimizer.args.lr")
         if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam):
@@ -196,23 +221,27 @@ class SearchSpec(_Strict):
             self._check_pbt()
         _no_password(self.storage, "search.storage", "put it in $PGPASSWORD or ~/.pgpass instead (psycopg reads both)")
         if self.lease_s <= self.heartbeat_s:
-            raise ValueError(f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
-                             f"would run out between two renewals")
+            raise ValueError(
+                f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
+                f"would run out between two renewals"
+            )
         if isinstance(self.fuse, int) and self.fuse < 1:
             raise ValueError(f"fuse must be off, auto or a number of trials >= 1 (got {self.fuse})")
         if isinstance(self.fuse, int) and self.fuse > 1 and not self.reproducible:
-            raise ValueError("fuse needs proposed batches (search.reproducible: true): it fuses the trials "
-                             "of one batch")
+            raise ValueError(
+                "fuse needs proposed batches (search.reproducible: true): it fuses the trials of one batch"
+            )
         if self.reproducible and self.parallel > self.batch_size:
-            raise ValueError(f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
-                             f"idle; raise search.batch_size, or set search.reproducible: false")
+            raise ValueError(
+                f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
+                f"idle; raise search.batch_size, or set search.reproducible: false"
+            )
         if self.sampler == "grid":
             for path, param in self.space.items():
                 sp.grid_values(path, param)
         elif self.n_trials is None and self.timeout is None:
             raise ValueError("set n_trials, timeout, or both: the sweep needs a budget")
         return self
-
 
     def fuse_size(self, cuda: bool) -> int:
         """Trials per fused model (1: each trial alone) on a machine with CUDA or without."""
@@ -226,45 +255,63 @@ class SearchSpec(_Strict):
         """The search.space paths PBT mutates (search.pruner.mutations, or its default)."""
         if self.pruner.mutations is not None:
             return list(self.pruner.mutations)
-        return [p for p, param in self.space.items()
-                if p.startswith("optimizer.args.") and isinstance(param, sp.FloatParam)]
+        return [
+            p for p, param in self.space.items() if p.startswith("optimizer.args.") and isinstance(param, sp.FloatParam)
+        ]
 
     def _check_pbt(self) -> None:
         if self.sampler != "random":
-            raise ValueError(f"search.pruner.type: 'pbt' needs search.sampler: random (got '{self.sampler}'): "
-                             f"PBT picks new values itself, and Ray Tune cannot combine it with Optuna's")
+            raise ValueError(
+                f"search.pruner.type: 'pbt' needs search.sampler: random (got '{self.sampler}'): "
+                f"PBT picks new values itself, and Ray Tune cannot combine it with Optuna's"
+            )
         mutations = self.pbt_mutations()
         if not mutations:
-            raise ValueError("search.pruner.type: 'pbt' has nothing to mutate: search.space has no float "
-                             "parameter under optimizer.args. (e.g. optimizer.args.lr); add one, or list "
-                             "search.pruner.mutations")
+            raise ValueError(
+                "search.pruner.type: 'pbt' has nothing to mutate: search.space has no float "
+                "parameter under optimizer.args. (e.g. optimizer.args.lr); add one, or list "
+                "search.pruner.mutations"
+            )
         for path in mutations:
             if path not in self.space:
-                raise ValueError(f"search.pruner.mutations: '{path}' is not a search.space parameter; "
-                                 f"expected one of: {', '.join(self.space)}")
+                raise ValueError(
+                    f"search.pruner.mutations: '{path}' is not a search.space parameter; "
+                    f"expected one of: {', '.join(self.space)}"
+                )
             if not path.startswith(("optimizer.args.", "schedule.args.")):
-                raise ValueError(f"search.pruner.mutations: '{path}' cannot change mid-training (a trial "
-                                 f"takes over another's weights); expected optimizer.args.* or "
-                                 f"schedule.args.* paths")
+                raise ValueError(
+                    f"search.pruner.mutations: '{path}' cannot change mid-training (a trial "
+                    f"takes over another's weights); expected optimizer.args.* or "
+                    f"schedule.args.* paths"
+                )
 
     def _check_backend_options(self) -> None:
         """Options the chosen backend would silently ignore are errors. Compared with their
         defaults (not "was it written"): specs are dumped and re-validated on the way."""
         defaults = SearchSpec.model_fields
         if self.backend == "ray":
-            given = [k for k in OPTUNA_ONLY if getattr(self, k) != defaults[k].get_default(call_default_factory=True)
-                     and (k != "lr_finder" or self.lr_finder.enabled)]
+            given = [
+                k
+                for k in OPTUNA_ONLY
+                if getattr(self, k) != defaults[k].get_default(call_default_factory=True)
+                and (k != "lr_finder" or self.lr_finder.enabled)
+            ]
             if given:
-                raise ValueError(f"search.{given[0]} is an Optuna backend option and backend is 'ray'; "
-                                 f"use {OPTUNA_ONLY[given[0]]}")
+                raise ValueError(
+                    f"search.{given[0]} is an Optuna backend option and backend is 'ray'; use {OPTUNA_ONLY[given[0]]}"
+                )
         else:
             if self.pruner.type == "pbt":
-                raise ValueError(f"search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is "
-                                 f"'{self.backend}'; set search.backend: ray and search.sampler: random")
+                raise ValueError(
+                    f"search.pruner.type: 'pbt' is a Ray Tune scheduler and backend is "
+                    f"'{self.backend}'; set search.backend: ray and search.sampler: random"
+                )
             given = [k for k in ("ray", "resources") if getattr(self, k) != defaults[k].get_default()]
             if given:
-                raise ValueError(f"search.{given[0]} configures the Ray backend, but backend is "
-                                 f"'{self.backend}'; set search.backend: ray or remove search.{given[0]}")
+                raise ValueError(
+                    f"search.{given[0]} configures the Ray backend, but backend is "
+                    f"'{self.backend}'; set search.backend: ray or remove search.{given[0]}"
+                )
 
 
 def _no_password(value: str | None, field: str, instead: str) -> str | None:
@@ -276,8 +323,10 @@ def _no_password(value: str | None, field: str, instead: str) -> str | None:
     except ValueError:
         password = None
     if password:
-        raise ValueError(f"{field} holds a password; the spec is recorded in summary.json, MLflow and the "
-                         f"study's database: {instead}")
+        raise ValueError(
+            f"{field} holds a password; the spec is recorded in summary.json, MLflow and the "
+            f"study's database: {instead}"
+        )
     return value
 
 
@@ -293,8 +342,9 @@ class TrackingSpec(_Strict):
     @field_validator("mlflow_uri")
     @classmethod
     def _secret_free(cls, value: str | None) -> str | None:
-        return _no_password(value, "tracking.mlflow_uri",
-                            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead")
+        return _no_password(
+            value, "tracking.mlflow_uri", "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead"
+        )
 
 
 EXPORT_FORMATS = ("torchscript", "pt2", "onnx")
@@ -308,8 +358,9 @@ class ExportSpec(_Strict):
     # dynamic int8 quantization of the ONNX file's Linear layers (model.int8.onnx, CPU serving);
     # its validation accuracy change is measured, not required to be zero
     quantize: bool = False
-    registered_name: str | None = Field(default=None, min_length=1,
-                                        description="MLflow registered model; default: the sweep's name")
+    registered_name: str | None = Field(
+        default=None, min_length=1, description="MLflow registered model; default: the sweep's name"
+    )
     # checkpoints kept after the sweep: `best` (the best trial's, always kept) or `all` (every
     # completed trial's, so `sweeper export RUN_ID` can export any of them; costs disk)
     keep_checkpoints: Literal["best", "all"] = "best"
@@ -350,8 +401,9 @@ class SweepSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_objectives(self) -> SweepSpec:
-        check_goals(self.goals, self.objectives is not None, self.search.pruner.type, self.search.sampler,
-                    self.export.choose)
+        check_goals(
+            self.goals, self.objectives is not None, self.search.pruner.type, self.search.sampler, self.export.choose
+        )
         if self.search.population is not None and self.search.sampler != "nsga2":
             raise ValueError(f"search.population sets nsga2's generation size; sampler is '{self.search.sampler}'")
         return self
@@ -364,9 +416,11 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _gpu_reserved(self) -> SweepSpec:
         if self.search.backend == "ray" and self.train.device == "cuda" and self.search.resources.gpu == 0:
-            raise ValueError("train.device is 'cuda' but search.resources.gpu is 0: Ray hides every GPU from a "
-                             "trial that reserves none; set search.resources.gpu (1, or 0.5 to share a GPU) or "
-                             "leave it unset (1 when the cluster has GPUs)")
+            raise ValueError(
+                "train.device is 'cuda' but search.resources.gpu is 0: Ray hides every GPU from a "
+                "trial that reserves none; set search.resources.gpu (1, or 0.5 to share a GPU) or "
+                "leave it unset (1 when the cluster has GPUs)"
+            )
         return self
 
     def with_values(self, values: dict[str, Any]) -> SweepSpec:
@@ -383,8 +437,13 @@ class SweepSpec(_Strict):
         search = self.search
         if search.backend == "ray":
             where = search.ray.address or "a local Ray (or $RAY_ADDRESS)"
-            gpu = f" + {search.resources.gpu:g} GPU" if search.resources.gpu else \
-                " + 1 GPU (if the cluster has any)" if search.resources.gpu is None else ""
+            gpu = (
+                f" + {search.resources.gpu:g} GPU"
+                if search.resources.gpu
+                else " + 1 GPU (if the cluster has any)"
+                if search.resources.gpu is None
+                else ""
+            )
             workers = f"Ray Tune on {where}, {search.resources.cpu:g} CPU{gpu} per trial"
         else:
             workers = f"{search.parallel} worker(s)"

@@ -6,7 +6,8 @@ The one place sweeper compares objective values: pure functions over numbers, no
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Literal, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,8 +75,9 @@ class Choose(_Strict):
         names = [g.metric for g in goals]
         for metric in [*self.within, *([self.prefer] if self.prefer else [])]:
             if metric not in names:
-                raise ValueError(f"export.choose names '{metric}', which is not an objective; expected one of: "
-                                 f"{', '.join(names)}")
+                raise ValueError(
+                    f"export.choose names '{metric}', which is not an objective; expected one of: {', '.join(names)}"
+                )
 
 
 Values = Callable[[T], "dict[str, float] | None"]
@@ -108,10 +110,18 @@ def choose(goals: list[Objective], rule: Choose | None, items: Iterable[T], valu
         return None
     rule = rule or Choose()
     by_name = {g.metric: g for g in goals}
-    limits = {metric: _limit(by_name[metric], min((values(p)[metric] for p in front), key=by_name[metric].key), tol)
-              for metric, tol in rule.within.items()}  # type: ignore[index]  # the front's best: the sweep's best
-    front = [p for p in front if all(by_name[m].key(values(p)[m]) <= by_name[m].key(limit)  # type: ignore[index]
-                                     for m, limit in limits.items())]
+    limits = {
+        metric: _limit(by_name[metric], min((values(p)[metric] for p in front), key=by_name[metric].key), tol)
+        for metric, tol in rule.within.items()
+    }  # type: ignore[index]  # the front's best: the sweep's best
+    front = [
+        p
+        for p in front
+        if all(
+            by_name[m].key(values(p)[m]) <= by_name[m].key(limit)  # type: ignore[index]
+            for m, limit in limits.items()
+        )
+    ]
     prefer = by_name[rule.prefer] if rule.prefer else goals[0]
     order = [prefer, *(g for g in goals if g is not prefer)]
     return min(front, key=lambda p: tuple(g.key(values(p)[g.metric]) for g in order))  # type: ignore[index]
@@ -125,8 +135,11 @@ def with_primary(data: Any) -> Any:
     goals = [g if isinstance(g, Objective) else Objective.model_validate(g) for g in data["objectives"]]
     primary = next((g for g in goals if g.metric in TRAINER_METRICS), None)
     given = data.get("objective")
-    if given is not None and primary is not None and \
-            (given if isinstance(given, Objective) else Objective.model_validate(given)) != primary:
+    if (
+        given is not None
+        and primary is not None
+        and (given if isinstance(given, Objective) else Objective.model_validate(given)) != primary
+    ):
         raise ValueError("set objective (one metric) or objectives (several), not both")
     return {**data, "objective": primary} if primary is not None else data
 
@@ -137,14 +150,19 @@ def check_goals(goals: list[Objective], several: bool, pruner: str, sampler: str
     if several and (len(metrics) < 2 or len(set(metrics)) < len(metrics)):
         raise ValueError(f"objectives lists {metrics}: two or more different metrics (one: use objective)")
     if not any(m in TRAINER_METRICS for m in metrics):
-        raise ValueError(f"{'objectives' if several else 'objective'}: {', '.join(metrics)} needs no training; "
-                         f"optimise at least one of {', '.join(TRAINER_METRICS)} as well (objectives: [...])")
+        raise ValueError(
+            f"{'objectives' if several else 'objective'}: {', '.join(metrics)} needs no training; "
+            f"optimise at least one of {', '.join(TRAINER_METRICS)} as well (objectives: [...])"
+        )
     if len(goals) > 1 and pruner != "none":
-        raise ValueError(f"search.pruner.type: '{pruner}' compares one metric; a sweep with objectives trains "
-                         f"every trial to its end: set search.pruner.type: none")
+        raise ValueError(
+            f"search.pruner.type: '{pruner}' compares one metric; a sweep with objectives trains "
+            f"every trial to its end: set search.pruner.type: none"
+        )
     if len(goals) > 1 and sampler == "cmaes":
-        raise ValueError("search.sampler: cmaes optimises one objective; with objectives use nsga2, tpe, gp, "
-                         "random or grid")
+        raise ValueError(
+            "search.sampler: cmaes optimises one objective; with objectives use nsga2, tpe, gp, random or grid"
+        )
     if rule is not None:
         if len(goals) < 2:
             raise ValueError("export.choose picks a point of a Pareto front: it needs objectives (two or more)")

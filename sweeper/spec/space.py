@@ -7,11 +7,11 @@ Sampling goes through a duck-typed ``suggest_float/suggest_int/suggest_categoric
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal, Protocol, Union
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Scalar = Union[bool, int, float, str, None]
+Scalar = bool | int | float | str | None
 # The most points the grid sampler may visit: Optuna's GridSampler (and Ray's grid_search) hold
 # every point in memory; 100,000 points is ~10 MB there and far more trials than a sweep runs.
 MAX_GRID_POINTS = 100_000
@@ -55,7 +55,7 @@ class CategoricalParam(_Param):
     choices: list[Scalar] = Field(min_length=1)
 
 
-Param = Annotated[Union[FloatParam, IntParam, CategoricalParam], Field(discriminator="type")]
+Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
 
 
 def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
@@ -68,8 +68,9 @@ def _check_range(low: float, high: float, log: bool, step: float | None) -> None
 
 
 class Suggester(Protocol):
-    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
-                      log: bool = False) -> float: ...
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int: ...
     def suggest_categorical(self, name: str, choices: Any) -> Any: ...
 
@@ -84,8 +85,10 @@ def ordered(space: dict[str, Param]) -> list[tuple[str, Param]]:
             path, param = next(iter(pending.items()))
             missing = [d for d in (param.when or {}) if d not in space]
             if missing:
-                raise ValueError(f"search.space.{path}.when refers to '{missing[0]}', which is not a "
-                                 f"parameter of the space (known: {', '.join(space)})")
+                raise ValueError(
+                    f"search.space.{path}.when refers to '{missing[0]}', which is not a "
+                    f"parameter of the space (known: {', '.join(space)})"
+                )
             raise ValueError(f"search.space: the 'when' conditions of {', '.join(pending)} form a cycle")
         for path in ready:
             done[path] = pending.pop(path)
@@ -132,12 +135,16 @@ def grid_count(path: str, p: Param) -> int:
         steps = (p.high - p.low) / p.step  # inf when the span overflows a float
         count = int(round(steps)) + 1 if steps < MAX_GRID_POINTS else MAX_GRID_POINTS + 1
     else:
-        raise ValueError(f"search.space.{path}: the grid sampler needs discrete values "
-                         f"(categorical, int without log, or float with step)")
+        raise ValueError(
+            f"search.space.{path}: the grid sampler needs discrete values "
+            f"(categorical, int without log, or float with step)"
+        )
     if count > MAX_GRID_POINTS:
-        raise ValueError(f"search.space.{path}: the grid sampler would visit more than {MAX_GRID_POINTS:,} "
-                         f"values of it (the most a grid may hold); use a larger step or a smaller range, "
-                         f"or a sampler that does not enumerate (tpe, random)")
+        raise ValueError(
+            f"search.space.{path}: the grid sampler would visit more than {MAX_GRID_POINTS:,} "
+            f"values of it (the most a grid may hold); use a larger step or a smaller range, "
+            f"or a sampler that does not enumerate (tpe, random)"
+        )
     return count
 
 
@@ -147,9 +154,11 @@ def grid_size(space: dict[str, Param]) -> int:
     for path, p in space.items():
         size *= grid_count(path, p)
         if size > MAX_GRID_POINTS:
-            raise ValueError(f"search.space: the grid of {', '.join(space)} has more than {MAX_GRID_POINTS:,} "
-                             f"points (the most a grid may hold); use fewer values, or a sampler that does not "
-                             f"enumerate (tpe, random)")
+            raise ValueError(
+                f"search.space: the grid of {', '.join(space)} has more than {MAX_GRID_POINTS:,} "
+                f"points (the most a grid may hold); use fewer values, or a sampler that does not "
+                f"enumerate (tpe, random)"
+            )
     return size
 
 

@@ -28,9 +28,9 @@ def cache_file() -> Path:
 
 def seed(uri: str) -> bool:
     """Put the cached empty database at ``uri``'s path if nothing is there; True if it did."""
-    if not uri.startswith(PREFIX) or "?" in uri or uri[len(PREFIX):] in ("", ":memory:"):
+    if not uri.startswith(PREFIX) or "?" in uri or uri[len(PREFIX) :] in ("", ":memory:"):
         return False
-    target = Path(uri[len(PREFIX):])
+    target = Path(uri[len(PREFIX) :])
     if target.exists():
         return False
     try:

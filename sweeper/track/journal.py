@@ -27,8 +27,9 @@ import os
 import shutil
 import socket
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sweeper.files import write_atomic
 

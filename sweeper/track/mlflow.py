@@ -42,8 +42,11 @@ METRICS_PER_CALL = 1000  # MLflow's cap on metrics in one log_batch
 # Set for the process unless the user set them: MLflow's own HTTP retries (default 7, backoff
 # factor 2: minutes per call on a dead server) off and a 10 s socket timeout (default 120 s),
 # so the outbox's retries are the only ones; no download progress bars (small files).
-MLFLOW_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-              "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+MLFLOW_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+}
 
 
 def resolve_uri(explicit: str | None = None) -> str:
@@ -81,8 +84,15 @@ class Tracker:
     ``journal``: one to send (sync.py); ``asynchronous``: writes that need no answer are sent by
     a thread of their own (sender.py), a sweep's coordinator does not wait for them."""
 
-    def __init__(self, uri: str | None, experiment: str | None = None, journal_dir: Path | None = None,
-                 *, journal: Journal | None = None, asynchronous: bool = False) -> None:
+    def __init__(
+        self,
+        uri: str | None,
+        experiment: str | None = None,
+        journal_dir: Path | None = None,
+        *,
+        journal: Journal | None = None,
+        asynchronous: bool = False,
+    ) -> None:
         self.uri, self.experiment, self.journal_dir = uri, experiment, journal_dir
         self._client = self.outbox = None
         self.sender: Sender | None = None
@@ -97,8 +107,14 @@ class Tracker:
             sqlite.install()  # WAL: a commit without a sync to disk
             empty_db.seed(uri)
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
-            self.outbox = Outbox(self._client, lambda: self._experiment_id, redact(uri), journal_dir,
-                                 {"uri": redact(uri), "experiment": experiment}, journal)
+            self.outbox = Outbox(
+                self._client,
+                lambda: self._experiment_id,
+                redact(uri),
+                journal_dir,
+                {"uri": redact(uri), "experiment": experiment},
+                journal,
+            )
             self.sender = Sender(self.outbox) if asynchronous else None
 
     @property
@@ -160,8 +176,13 @@ class Tracker:
         unknown = [r for r in run_ids if is_local(r) and self.outbox.created(r) == r]
         if len(unknown) > 1 and parent is not None and not self.offline:
             try:
-                runs = self.outbox.retrying(lambda: self._client.search_runs(
-                    [self._experiment_id], f"tags.mlflow.parentRunId = '{self.outbox.real(parent)}'", max_results=50000))
+                runs = self.outbox.retrying(
+                    lambda: self._client.search_runs(
+                        [self._experiment_id],
+                        f"tags.mlflow.parentRunId = '{self.outbox.real(parent)}'",
+                        max_results=50000,
+                    )
+                )
                 self.outbox.learn({r.data.tags[JOURNAL_TAG]: r.info.run_id for r in runs if JOURNAL_TAG in r.data.tags})
             except Exception:  # MLflow cannot say now: each is looked up alone
                 pass
@@ -175,8 +196,15 @@ class Tracker:
         that later writes may name; None where runs are created at once (no sender thread)."""
         return local_id() if self.sender is not None else None
 
-    def start_run(self, name: str, *, parent: str | None = None, tags: dict[str, str] | None = None,
-                  params: dict[str, Any] | None = None, run_id: str | None = None) -> str | None:
+    def start_run(
+        self,
+        name: str,
+        *,
+        parent: str | None = None,
+        tags: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> str | None:
         """A new run in the experiment (nested under ``parent`` if given); returns its id (a
         placeholder while the server is away, None if MLflow rejected it). With ``run_id`` (from
         new_run_id) the sender thread creates it: MLflow's create_run took 5 ms of a
@@ -222,17 +250,34 @@ class Tracker:
         now = _now_ms()
         metrics = [[k, float(v), now, step] for step, h in enumerate(history, first_step) for k, v in h.items()]
         for i in range(0, len(metrics), METRICS_PER_CALL):
-            self._write({"op": "log_batch", "run": run_id, "metrics": metrics[i:i + METRICS_PER_CALL]})
+            self._write({"op": "log_batch", "run": run_id, "metrics": metrics[i : i + METRICS_PER_CALL]})
 
-    def log_dataset(self, run_id: str | None, name: str, digest: str, source: dict[str, Any],
-                    profile: dict[str, Any], context: str = "training") -> None:
+    def log_dataset(
+        self,
+        run_id: str | None,
+        name: str,
+        digest: str,
+        source: dict[str, Any],
+        profile: dict[str, Any],
+        context: str = "training",
+    ) -> None:
         """A data set as an input of the run (the MLflow UI's Dataset column): its ``name``,
         ``digest`` (a fingerprint of its content), ``source`` and ``profile`` (sizes), as JSON."""
         if run_id is not None:
-            self._write({"op": "log_inputs", "run": run_id, "context": context,
-                         "dataset": {"name": name, "digest": digest, "source_type": "sweeper",
-                                     "source": json.dumps(source, sort_keys=True, default=str),
-                                     "profile": json.dumps(profile, sort_keys=True)}})
+            self._write(
+                {
+                    "op": "log_inputs",
+                    "run": run_id,
+                    "context": context,
+                    "dataset": {
+                        "name": name,
+                        "digest": digest,
+                        "source_type": "sweeper",
+                        "source": json.dumps(source, sort_keys=True, default=str),
+                        "profile": json.dumps(profile, sort_keys=True),
+                    },
+                }
+            )
 
     def log_dict(self, run_id: str | None, data: dict[str, Any], path: str) -> None:
         """``data`` as the JSON artifact ``path`` (e.g. "trial.json", "reports/a.json")."""
@@ -242,8 +287,10 @@ class Tracker:
         if run_id is None:
             return
         if self.sender is not None:
-            self.sender.put({"op": "log_artifact", "run": run_id, "folder": str(Path(path).parent) if "/" in path
-                             else None}, text=(Path(path).name, text))
+            self.sender.put(
+                {"op": "log_artifact", "run": run_id, "folder": str(Path(path).parent) if "/" in path else None},
+                text=(Path(path).name, text),
+            )
             return
         with tempfile.TemporaryDirectory(prefix="sweeper-artifact-") as tmp:
             file = Path(tmp) / Path(path).name
@@ -261,13 +308,19 @@ class Tracker:
         if run_id is not None:
             self._write({"op": "set_terminated", "run": run_id, "status": status, "time": _now_ms()})
 
-    def _batch(self, run_id: str | None, params: dict[str, Any] | None = None,
-               tags: dict[str, Any] | None = None) -> None:
+    def _batch(
+        self, run_id: str | None, params: dict[str, Any] | None = None, tags: dict[str, Any] | None = None
+    ) -> None:
         if run_id is None or not (params or tags):
             return
-        self._write({"op": "log_batch", "run": run_id,
-                     "params": {k: str(v)[:MAX_PARAM] for k, v in (params or {}).items()},
-                     "tags": {f"{TAG}{k}": str(v)[:MAX_TAG] for k, v in (tags or {}).items()}})
+        self._write(
+            {
+                "op": "log_batch",
+                "run": run_id,
+                "params": {k: str(v)[:MAX_PARAM] for k, v in (params or {}).items()},
+                "tags": {f"{TAG}{k}": str(v)[:MAX_TAG] for k, v in (tags or {}).items()},
+            }
+        )
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -281,13 +334,20 @@ class Tracker:
         try:
             run_id = self.outbox.real(parent)
             exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
-            runs = self.outbox.retrying(lambda: self._client.search_runs(
-                [exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'{having}"))
+            runs = self.outbox.retrying(
+                lambda: self._client.search_runs(
+                    [exp],
+                    filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'{having}",
+                )
+            )
         except (Away, Rejected) as exc:
             if self.journal_dir is None:
                 raise exc.__cause__ or exc from None
-            print(f"warning: MLflow at {redact(self.uri)} could not list the open runs under {parent} ({brief(exc)}): "
-                  "they stay as they are", file=sys.stderr)
+            print(
+                f"warning: MLflow at {redact(self.uri)} could not list the open runs under {parent} ({brief(exc)}): "
+                "they stay as they are",
+                file=sys.stderr,
+            )
             return []
         return [r.info.run_id for r in runs]
 
@@ -298,9 +358,15 @@ class Tracker:
         exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
         found: dict[int, str] = {}
         for number in numbers:
-            runs = self.outbox.retrying(lambda: self._client.search_runs(
-                [exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG}trial` = '{number}'",
-                order_by=["attributes.start_time DESC"], max_results=1))
+            query = f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG}trial` = '{number}'"
+            runs = self.outbox.retrying(
+                lambda query=query: self._client.search_runs(
+                    [exp],
+                    filter_string=query,
+                    order_by=["attributes.start_time DESC"],
+                    max_results=1,
+                )
+            )
             if runs:
                 found[number] = runs[0].info.run_id
         return found
@@ -365,6 +431,7 @@ class _Guarded:
                 if status in (401, 403):
                     raise TrackingRefused(_refusal(self._tracker, status)) from None
                 raise
+
         return call
 
 
@@ -375,9 +442,13 @@ def _refusal(tracker: Tracker, status: int) -> str:
     user = os.environ.get("MLFLOW_TRACKING_USERNAME")
     if status == 401:
         given = f"the credentials of user {user!r}" if user else "a request without credentials"
-        return (f"the MLflow tracking server at {where} refused {given} (HTTP 401): set "
-                f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account of that server")
+        return (
+            f"the MLflow tracking server at {where} refused {given} (HTTP 401): set "
+            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account of that server"
+        )
     who = f"user {user!r}" if user else "anonymous requests"
-    return (f"the MLflow tracking server at {where} refused {who} access to experiment {tracker.experiment!r} "
-            f"(HTTP 403, permission denied): ask the server's admin for EDIT permission on it, log to another "
-            f"experiment, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to another account")
+    return (
+        f"the MLflow tracking server at {where} refused {who} access to experiment {tracker.experiment!r} "
+        f"(HTTP 403, permission denied): ask the server's admin for EDIT permission on it, log to another "
+        f"experiment, or set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to another account"
+    )

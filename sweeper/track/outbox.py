@@ -24,8 +24,9 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.track.journal import Journal, is_local, known_ids, local_id
@@ -58,8 +59,15 @@ class Outbox:
     raise a UserError), its experiment's id (a callable: looked up when first needed),
     ``where`` (the server, for messages; no password) and the journal ``folder``."""
 
-    def __init__(self, client: Any, experiment_id: Callable[[], str], where: str, folder: Path | None,
-                 header: dict[str, Any], journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        experiment_id: Callable[[], str],
+        where: str,
+        folder: Path | None,
+        header: dict[str, Any],
+        journal: Journal | None = None,
+    ) -> None:
         self.client, self._experiment_id, self.where, self.folder = client, experiment_id, where, folder
         self.header = header  # what a journal records first: the URI (no password), the experiment
         self.journal = journal  # set while offline (given: a journal to send, see sync.py)
@@ -89,8 +97,10 @@ class Outbox:
                     return None
                 self.journal = Journal.create(self.folder, self.header)
                 self._next_try = time.monotonic() + OFFLINE_RETRY_S
-                _say(f"MLflow at {self.where} does not answer ({brief(exc)}): its writes wait in {self.journal.path} "
-                     "and are sent when it answers again")
+                _say(
+                    f"MLflow at {self.where} does not answer ({brief(exc)}): its writes wait in {self.journal.path} "
+                    "and are sent when it answers again"
+                )
                 return self._keep(entry, file)
 
     def retrying(self, call: Callable[[], Any]) -> Any:
@@ -127,8 +137,10 @@ class Outbox:
                         self._next_try = time.monotonic() + OFFLINE_RETRY_S
                         self.blocked = brief(exc)
                         return False
-                    _say(f"MLflow at {self.where} rejected a journaled write ({_what(entry)}): "
-                         f"{brief(exc)}; it is left out")
+                    _say(
+                        f"MLflow at {self.where} rejected a journaled write ({_what(entry)}): "
+                        f"{brief(exc)}; it is left out"
+                    )
                     made = None
                 created = {entry["run"]: made} if entry["op"] == "create_run" else None
                 self._ids.update(created or {})
@@ -175,14 +187,21 @@ class Outbox:
         if op == "log_batch":
             from mlflow.entities import Metric, Param, RunTag
 
-            client.log_batch(run_id, metrics=[Metric(*m) for m in entry.get("metrics", [])],
-                             params=[Param(k, v) for k, v in entry.get("params", {}).items()],
-                             tags=[RunTag(k, v) for k, v in entry.get("tags", {}).items()])
+            client.log_batch(
+                run_id,
+                metrics=[Metric(*m) for m in entry.get("metrics", [])],
+                params=[Param(k, v) for k, v in entry.get("params", {}).items()],
+                tags=[RunTag(k, v) for k, v in entry.get("tags", {}).items()],
+            )
         elif op == "log_inputs":
             from mlflow.entities import Dataset, DatasetInput, InputTag
 
-            client.log_inputs(run_id, datasets=[DatasetInput(Dataset(**entry["dataset"]),
-                                                             [InputTag("mlflow.data.context", entry["context"])])])
+            client.log_inputs(
+                run_id,
+                datasets=[
+                    DatasetInput(Dataset(**entry["dataset"]), [InputTag("mlflow.data.context", entry["context"])])
+                ],
+            )
         elif op == "update_run":
             client.update_run(run_id, status=entry["status"])
         elif op == "set_terminated":
@@ -211,8 +230,9 @@ class Outbox:
             made = None if entry.get("live") else self._made_from(entry["run"])
             if made:
                 return made
-        made = self.client.create_run(self._experiment_id(), start_time=entry["time"], tags=tags,
-                                      run_name=entry["name"]).info.run_id
+        made = self.client.create_run(
+            self._experiment_id(), start_time=entry["time"], tags=tags, run_name=entry["name"]
+        ).info.run_id
         if entry.get("live"):
             self._ids[entry["run"]] = made
         return made

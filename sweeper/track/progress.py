@@ -42,12 +42,19 @@ def trials_table(records: list[TrialRecord], goals: list[Objective], title: str 
     for r in ordered:
         if r.state == "complete" and r.value is not None and goals[0].better(r.value, best):
             best = r.value
-        detail = r.reason if r.state != "complete" and r.reason else \
-            ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
-        shown = [fmt(r.values.get(g.metric)) for g in goals] + ["*" if r.number in front else ""] \
-            if several else [fmt(r.value), fmt(best)]
-        table.add_row(str(r.number), f"[{STYLE.get(r.state, '')}]{r.state}", *shown, str(r.epochs),
-                      fmt(r.seconds), detail)
+        detail = (
+            r.reason
+            if r.state != "complete" and r.reason
+            else ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
+        )
+        shown = (
+            [fmt(r.values.get(g.metric)) for g in goals] + ["*" if r.number in front else ""]
+            if several
+            else [fmt(r.value), fmt(best)]
+        )
+        table.add_row(
+            str(r.number), f"[{STYLE.get(r.state, '')}]{r.state}", *shown, str(r.epochs), fmt(r.seconds), detail
+        )
     return table
 
 
@@ -61,8 +68,14 @@ class RichObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console()
-        self.bars = Progress(TextColumn("trial {task.fields[number]:>3}"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("epochs {task.fields[metric]}"), TimeElapsedColumn(), console=self.console)
+        self.bars = Progress(
+            TextColumn("trial {task.fields[number]:>3}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("epochs {task.fields[metric]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+        )
         self.tasks: dict[int, Any] = {}
         self.records: list[TrialRecord] = []
         self.live: Live | None = None
@@ -112,8 +125,9 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
         console.print(f"Pareto front: {len(front)} trial(s): {', '.join(str(p['number']) for p in front)}")
     if best:
         params = ", ".join(f"{k}={fmt(v)}" for k, v in best["params"].items())
-        values = ", ".join(f"{m}={fmt(v)}" for m, v in (best.get("values") or
-                                                        {summary["objective"]["metric"]: best["value"]}).items())
+        values = ", ".join(
+            f"{m}={fmt(v)}" for m, v in (best.get("values") or {summary["objective"]["metric"]: best["value"]}).items()
+        )
         label = "chosen" if summary.get("pareto_front") else "best"
         console.print(f"[bold green]{label}[/]: trial {best['number']} {values} seed={best['seed']} {params}")
     else:
@@ -124,8 +138,10 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
     if registry and "error" in registry:
         console.print(f"[red]registry[/]: {registry['error']}")
     elif registry:
-        console.print(f"registered: {registry['model_uri']}; {'[green]champion[/]' if registry['champion'] else 'not champion'}"
-                      f" ({registry['reason']})")
+        console.print(
+            f"registered: {registry['model_uri']}; {'[green]champion[/]' if registry['champion'] else 'not champion'}"
+            f" ({registry['reason']})"
+        )
     mlflow = summary["mlflow"]
     if mlflow["tracking_uri"]:
         console.print(f"MLflow: experiment '{mlflow['experiment']}', run {mlflow['parent_run_id']}")
@@ -136,8 +152,11 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
         if uri.startswith(("http://", "https://")):
             console.print(f"open: {uri}{page}", soft_wrap=True)
         else:
-            console.print(f"browse with: mlflow ui --backend-store-uri {uri}" + (f" and open http://127.0.0.1:5000{page}"
-                          if page else ""), soft_wrap=True)
+            console.print(
+                f"browse with: mlflow ui --backend-store-uri {uri}"
+                + (f" and open http://127.0.0.1:5000{page}" if page else ""),
+                soft_wrap=True,
+            )
     console.print(f"output: {summary['out_dir']}")
 
 
@@ -153,9 +172,11 @@ def print_export(console: Console, report: dict[str, Any]) -> None:
             console.print(f"[red]export {e['format']} failed[/]: {e['error']}", soft_wrap=True)
             continue
         change = f", change {e['val_acc_change']:+.4f}" if "val_acc_change" in e else ""
-        console.print(f"export {e['format']}: {e['path']} ({e['bytes'] / 1024:.0f} KiB; max |diff| "
-                      f"{e['max_abs_diff']:.2g} at batch {'/'.join(e['parity_max_abs_diff'])}; "
-                      f"val_acc {e['val_acc']:.4f}{change})")
+        console.print(
+            f"export {e['format']}: {e['path']} ({e['bytes'] / 1024:.0f} KiB; max |diff| "
+            f"{e['max_abs_diff']:.2g} at batch {'/'.join(e['parity_max_abs_diff'])}; "
+            f"val_acc {e['val_acc']:.4f}{change})"
+        )
     console.print(f"export report: {report['json']}")
 
 
@@ -183,15 +204,19 @@ def print_replay(out: Console, report: Any) -> bool:
     if report.matches:
         largest = f" (largest relative difference {report.max_difference:.2g})" if report.tolerance else ""
         group = f" (trained again fused with trials {report.fused_with})" if report.fused_with else ""
-        out.print(f"[green]trial {report.number} reproduced[/]{group}: {report.epochs} epoch(s), every metric equal "
-                  f"{how}{largest}")
+        out.print(
+            f"[green]trial {report.number} reproduced[/]{group}: {report.epochs} epoch(s), every metric equal "
+            f"{how}{largest}"
+        )
         return True
     table = Table("epoch", "metric", "recorded", "replayed", title=f"trial {report.number}: metrics differ ({how})")
     for epoch, metric, old, new in report.mismatches[:40]:
         table.add_row(str(epoch), metric, fmt(old), fmt(new))
     out.print(table)
     if report.fused_alone:
-        out.print(f"It trained fused and was replayed alone: the batched kernels' float rounding differs, and this "
-                  f"trial's training amplifies it (largest relative difference {report.max_difference:.2g}). "
-                  f"Without --solo it trains again with its fused model's members.")
+        out.print(
+            f"It trained fused and was replayed alone: the batched kernels' float rounding differs, and this "
+            f"trial's training amplifies it (largest relative difference {report.max_difference:.2g}). "
+            f"Without --solo it trains again with its fused model's members."
+        )
     return False

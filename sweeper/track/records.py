@@ -114,16 +114,22 @@ class TrialJson(_Record):
 def read_trial_json(data: Any, run_id: str) -> TrialJson:
     """Validate a trial.json read from run ``run_id``; a UserError names the bad field."""
     if isinstance(data, dict) and "schema_version" not in data:
-        raise UserError(f"run {run_id}: its trial.json has no schema_version: it was written by an older sweeper "
-                        f"(before version {TRIAL_JSON_VERSION}); replay or export it with that sweeper")
+        raise UserError(
+            f"run {run_id}: its trial.json has no schema_version: it was written by an older sweeper "
+            f"(before version {TRIAL_JSON_VERSION}); replay or export it with that sweeper"
+        )
     try:
         return TrialJson.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
-                             + ("" if e["type"] == "missing" else f" (got {e.get('input')!r:.80})")
-                             for e in exc.errors()[:3])
-        raise UserError(f"run {run_id}: its trial.json is not valid: {problems}; it is not the file sweeper "
-                        f"wrote (expected schema version {TRIAL_JSON_VERSION})") from None
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}"
+            + ("" if e["type"] == "missing" else f" (got {e.get('input')!r:.80})")
+            for e in exc.errors()[:3]
+        )
+        raise UserError(
+            f"run {run_id}: its trial.json is not valid: {problems}; it is not the file sweeper "
+            f"wrote (expected schema version {TRIAL_JSON_VERSION})"
+        ) from None
 
 
 def load_trial(tracker: Tracker, run_id: str) -> tuple[Any, TrialJson]:
@@ -133,6 +139,8 @@ def load_trial(tracker: Tracker, run_id: str) -> tuple[Any, TrialJson]:
         run = tracker.get_run(run_id)
         data = tracker.read_json(run_id, TRIAL_JSON)
     except LookupError as exc:
-        raise UserError(f"{exc}: not a sweeper trial run with {TRIAL_JSON}; list trial runs in the MLflow UI "
-                        f"(the nested runs of a sweep)") from None
+        raise UserError(
+            f"{exc}: not a sweeper trial run with {TRIAL_JSON}; list trial runs in the MLflow UI "
+            f"(the nested runs of a sweep)"
+        ) from None
     return run, read_trial_json(data, run_id)

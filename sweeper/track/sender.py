@@ -6,7 +6,8 @@ were about 60% of the orchestration around a trial.
 
 Only what needs no answer is queued: params, tags, metrics, a run's end or resumption, text
 artifacts (kept in memory until sent: their source is gone by then) and the creation of a run
-whose caller named it by a placeholder (Tracker.start_run). Logging files stays with the caller. The sender gathers what is queued within
+whose caller named it by a placeholder (Tracker.start_run). Logging files stays with the caller.
+The sender gathers what is queued within
 LINGER_S and sends a run's consecutive log_batch writes as one call (``coalesce``). ``drain``
 waits until every queued write was handed to the outbox; the tracker drains before any read,
 and at the process's exit. A failure the caller must see (the server refused the credentials)
@@ -125,9 +126,12 @@ def coalesce(items: list[Item]) -> list[Item]:
 
 
 def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    return {**a, "metrics": [*a.get("metrics", []), *b.get("metrics", [])],
-            "params": {**a.get("params", {}), **b.get("params", {})},
-            "tags": {**a.get("tags", {}), **b.get("tags", {})}}
+    return {
+        **a,
+        "metrics": [*a.get("metrics", []), *b.get("metrics", [])],
+        "params": {**a.get("params", {}), **b.get("params", {})},
+        "tags": {**a.get("tags", {}), **b.get("tags", {})},
+    }
 
 
 def _fits(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -86,10 +86,14 @@ def sync_folder(out_dir: Path, uri: str | None = None) -> SyncReport:
         raise UserError(f"{out_dir}: no such folder (give a sweep's output folder, e.g. runs/<name>)")
     report = send_journals(folder, uri)
     if report.unreachable:
-        raise UserError(f"{folder}: MLflow at {', '.join(sorted(set(report.unreachable)))} did not take the "
-                        f"journaled writes; {report.sent} were sent, {report.waiting} still wait: run `sweeper sync "
-                        f"{out_dir}` again once it answers")
+        raise UserError(
+            f"{folder}: MLflow at {', '.join(sorted(set(report.unreachable)))} did not take the "
+            f"journaled writes; {report.sent} were sent, {report.waiting} still wait: run `sweeper sync "
+            f"{out_dir}` again once it answers"
+        )
     if report.need_uri:
-        raise UserError(f"{folder}: {', '.join(report.need_uri)} were written for a tracking URI with a password, "
-                        "which the journal does not record: give it with --tracking-uri")
+        raise UserError(
+            f"{folder}: {', '.join(report.need_uri)} were written for a tracking URI with a password, "
+            "which the journal does not record: give it with --tracking-uri"
+        )
     return report

@@ -12,8 +12,9 @@ from sweeper.plugin import DataSplits
 def steps_per_epoch(data: DataSplits, batch_size: int) -> int:
     steps = data.train_x.shape[0] // batch_size  # the last incomplete batch is dropped (BatchNorm-safe)
     if steps == 0:
-        raise ValueError(f"train.batch_size ({batch_size}) is larger than the training split "
-                         f"({data.train_x.shape[0]} samples)")
+        raise ValueError(
+            f"train.batch_size ({batch_size}) is larger than the training split ({data.train_x.shape[0]} samples)"
+        )
     return steps
 
 
@@ -22,7 +23,7 @@ def train_batches(data: DataSplits, batch_size: int, generator: torch.Generator)
     n = data.train_x.shape[0]
     order = torch.randperm(n, generator=generator).to(data.train_x.device, non_blocking=True)
     for step in range(steps_per_epoch(data, batch_size)):
-        yield order[step * batch_size:(step + 1) * batch_size]
+        yield order[step * batch_size : (step + 1) * batch_size]
 
 
 def eval_batches(n: int, batch_size: int) -> Iterator[slice]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -63,9 +64,15 @@ class TrialParts:
     def data_info(self) -> dict[str, Any]:
         """What a trial's info says of its data: the fingerprint, and the splits' sizes and shape."""
         data = self.data
-        return {"data_fingerprint": self.data_fingerprint,
-                "data_profile": {"train": int(data.train_y.shape[0]), "val": int(data.val_y.shape[0]),
-                                 "classes": int(data.num_classes), "input_shape": list(data.input_shape)}}
+        return {
+            "data_fingerprint": self.data_fingerprint,
+            "data_profile": {
+                "train": int(data.train_y.shape[0]),
+                "val": int(data.val_y.shape[0]),
+                "classes": int(data.num_classes),
+                "input_shape": list(data.input_shape),
+            },
+        }
 
 
 # One data set per process, on its device: trials of a sweep share it (same plugin, args, seed).
@@ -128,8 +135,11 @@ def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
 def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: DataSplits) -> Any:
     """The schedule plugin's scheduler (or None), stepped once per optimizer step of the run."""
     return registry.get("schedules", spec.schedule.plugin)(
-        optimizer, epochs=spec.train.epochs, steps_per_epoch=steps_per_epoch(data, spec.train.batch_size),
-        **spec.schedule.args)
+        optimizer,
+        epochs=spec.train.epochs,
+        steps_per_epoch=steps_per_epoch(data, spec.train.batch_size),
+        **spec.schedule.args,
+    )
 
 
 def build(config: TrialConfig, device: torch.device) -> TrialParts:
@@ -143,9 +153,15 @@ def build(config: TrialConfig, device: torch.device) -> TrialParts:
     return TrialParts(data, data_fingerprint, model, optimizer, scheduler)
 
 
-def run_trial(config: TrialConfig, report: Report, device: torch.device, info: dict[str, Any] | None = None,
-              before_fit: Callable[[TrialParts], None] | None = None, resume: Resume | None = None,
-              on_epoch_end: OnEpochEnd | None = None) -> TrainedTrial:
+def run_trial(
+    config: TrialConfig,
+    report: Report,
+    device: torch.device,
+    info: dict[str, Any] | None = None,
+    before_fit: Callable[[TrialParts], None] | None = None,
+    resume: Resume | None = None,
+    on_epoch_end: OnEpochEnd | None = None,
+) -> TrainedTrial:
     """Build and train; ``info`` (if given) receives the data fingerprint; ``before_fit`` runs on
     the built parts just before training (e.g. an LR range test); ``resume`` and ``on_epoch_end``
     go to the trainer (continue from a saved state; hand out the state after each epoch)."""
@@ -154,8 +170,17 @@ def run_trial(config: TrialConfig, report: Report, device: torch.device, info: d
         info.update(parts.data_info())
     if before_fit is not None:
         before_fit(parts)
-    history = fit(parts.model, parts.optimizer, parts.scheduler, parts.data, config.spec.train,
-                  seed=config.seed, report=report, resume=resume, on_epoch_end=on_epoch_end)
+    history = fit(
+        parts.model,
+        parts.optimizer,
+        parts.scheduler,
+        parts.data,
+        config.spec.train,
+        seed=config.seed,
+        report=report,
+        resume=resume,
+        on_epoch_end=on_epoch_end,
+    )
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)
 
 

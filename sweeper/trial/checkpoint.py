@@ -62,11 +62,13 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> State:
     except (FileNotFoundError, PermissionError):
         raise
     except Exception as exc:  # a truncated or garbled zip/pickle stream: RuntimeError, OSError, EOFError...
-        raise CorruptCheckpoint(f"{path}: unreadable checkpoint, truncated or corrupt "
-                                f"({type(exc).__name__}: {_first_line(exc)})") from exc
+        raise CorruptCheckpoint(
+            f"{path}: unreadable checkpoint, truncated or corrupt ({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc
     if not isinstance(state, dict):
-        raise CorruptCheckpoint(f"{path}: not a sweeper checkpoint (holds a {type(state).__name__}, "
-                                f"expected a dict of training state)")
+        raise CorruptCheckpoint(
+            f"{path}: not a sweeper checkpoint (holds a {type(state).__name__}, expected a dict of training state)"
+        )
     return state
 
 
@@ -79,19 +81,40 @@ def trial_path(out_dir: Path, number: int) -> Path:
     return out_dir / "checkpoints" / f"trial-{number:05d}.pt"
 
 
-def capture(*, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
-            generators: dict[str, torch.Generator], epoch: int, history: list[dict[str, float]],
-            base_lrs: list[float]) -> State:
+def capture(
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    generators: dict[str, torch.Generator],
+    epoch: int,
+    history: list[dict[str, float]],
+    base_lrs: list[float],
+) -> State:
     """The training state after ``epoch`` (references to live tensors: save it before training on)."""
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "epoch": epoch, "history": [dict(h) for h in history], "base_lrs": list(base_lrs),
-            "scaler": scaler.state_dict(), "generators": {k: g.get_state() for k, g in generators.items()},
-            "rng": rng_state()}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "epoch": epoch,
+        "history": [dict(h) for h in history],
+        "base_lrs": list(base_lrs),
+        "scaler": scaler.state_dict(),
+        "generators": {k: g.get_state() for k, g in generators.items()},
+        "rng": rng_state(),
+    }
 
 
-def restore(resume: Resume, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-            scaler: Any, generators: dict[str, torch.Generator]) -> list[float]:
+def restore(
+    resume: Resume,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    generators: dict[str, torch.Generator],
+) -> list[float]:
     """Load ``resume.state`` into freshly built parts; returns the base LRs to carry on with."""
     state = resume.state
     model.load_state_dict(state["model"])
@@ -117,8 +140,12 @@ def _match_layouts(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
-                if (isinstance(value, torch.Tensor) and value.shape == param.shape and value.ndim == 4
-                        and value.stride() != param.stride()):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.shape == param.shape
+                    and value.ndim == 4
+                    and value.stride() != param.stride()
+                ):
                     optimizer.state[param][key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
@@ -135,8 +162,9 @@ def _adopt(state: State, optimizer: torch.optim.Optimizer, scheduler: Any) -> li
         # its progress is counters plus the LR cuts so far: keep the counters, apply the same cut
         for key in ("best", "num_bad_epochs", "cooldown_counter", "last_epoch"):
             setattr(scheduler, key, state["scheduler"][key])
-        for group, base, donor, donor_base, floor in zip(optimizer.param_groups, base_lrs, donor_lrs,
-                                                         state["base_lrs"], scheduler.min_lrs):
+        for group, base, donor, donor_base, floor in zip(
+            optimizer.param_groups, base_lrs, donor_lrs, state["base_lrs"], scheduler.min_lrs
+        ):
             group["lr"] = max(floor, base * donor / donor_base)
         scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     elif scheduler is not None:
@@ -154,10 +182,12 @@ def rng_state() -> dict[str, Any]:
     a ``weights_only`` load accepts (NumPy's state holds an ndarray, Python's a tuple)."""
     version, words, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": [version, list(words), gauss],
-            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+    return {
+        "python": [version, list(words), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -168,5 +198,5 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] is not None and torch.cuda.is_available():
         # one state per GPU that was visible; a resume may see fewer (or more): set those it has
-        for index, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state.cpu(), index)

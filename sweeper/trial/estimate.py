@@ -49,18 +49,19 @@ class Estimate:
             bound = self.timeout_s if bound is None else min(bound, self.timeout_s)
         return bound
 
-
     def describe(self) -> str:
         """What `sweeper validate --estimate` prints (comment lines, like the rest of its output)."""
         bound = self.sweep_bound_s
         trials = "until the timeout" if self.trials is None else f"{self.trials} trials"
-        lines = [f"# estimate on {self.device} ({self.threads} thread(s) a trial): {self.step_s * 1000:.1f} ms a step, "
-                 f"{self.eval_s * 1000:.1f} ms an evaluation, {self.steps_per_epoch} steps an epoch",
-                 f"# a trial: {_duration(self.trial_s)} ({self.epochs} epochs)",
-                 f"# the sweep ({trials}, {self.workers} side by side): at most "
-                 + (_duration(bound) if bound is not None else "unbounded")
-                 + (" (search.timeout)" if self.timeout_s is not None and bound == self.timeout_s else "")
-                 + "; pruned trials make it shorter"]
+        lines = [
+            f"# estimate on {self.device} ({self.threads} thread(s) a trial): {self.step_s * 1000:.1f} ms a step, "
+            f"{self.eval_s * 1000:.1f} ms an evaluation, {self.steps_per_epoch} steps an epoch",
+            f"# a trial: {_duration(self.trial_s)} ({self.epochs} epochs)",
+            f"# the sweep ({trials}, {self.workers} side by side): at most "
+            + (_duration(bound) if bound is not None else "unbounded")
+            + (" (search.timeout)" if self.timeout_s is not None and bound == self.timeout_s else "")
+            + "; pruned trials make it shorter",
+        ]
         return "\n".join(lines)
 
 
@@ -103,8 +104,17 @@ def estimate(spec: SweepSpec) -> Estimate:
     eval_s = time.perf_counter() - started
     search = spec.search
     workers = search.parallel if search.backend == "optuna" else (search.ray.max_concurrent_trials or 1)
-    return Estimate(str(device), threads, step_s, eval_s, steps_per_epoch, spec.train.epochs, search.n_trials,
-                    workers, search.timeout)
+    return Estimate(
+        str(device),
+        threads,
+        step_s,
+        eval_s,
+        steps_per_epoch,
+        spec.train.epochs,
+        search.n_trials,
+        workers,
+        search.timeout,
+    )
 
 
 def _sync(device: torch.device) -> None:

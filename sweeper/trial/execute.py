@@ -8,9 +8,10 @@ import gc
 import platform
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -26,8 +27,14 @@ STATES = ("complete", "pruned", "failed", "interrupted")  # interrupted: its wor
 OOM = "oom"  # reason prefix of a trial that ran out of device memory: a resource failure, retried
 # What CUDA reports once a kernel has faulted: the process's CUDA context is unusable from then on
 # (every later call fails), so the process that ran the trial must not run another.
-CONTEXT_LOST = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
-                "illegal instruction", "uncorrectable ECC error")
+CONTEXT_LOST = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "uncorrectable ECC error",
+)
 
 
 @dataclass
@@ -74,8 +81,13 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
         if config.threads is not None:
             configure_torch(threads=config.threads, deterministic=train.deterministic)
         device = resolve_device(train.device, worker_index)
-        out.info = {"device": str(device), "device_name": _device_name(device), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "cuda": torch.version.cuda or "none"}
+        out.info = {
+            "device": str(device),
+            "device_name": _device_name(device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda or "none",
+        }
         resume = None
         if config.resume is not None:
             # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
@@ -124,20 +136,28 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         if first.threads is not None:
             configure_torch(threads=first.threads, deterministic=first.spec.train.deterministic)
         device = resolve_device(first.spec.train.device, worker_index)
-        info.update(device=str(device), device_name=_device_name(device), threads=torch.get_num_threads(),
-                    torch=torch.__version__, cuda=torch.version.cuda or "none")
+        info.update(
+            device=str(device),
+            device_name=_device_name(device),
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+            cuda=torch.version.cuda or "none",
+        )
         members = fused.fit_fused(configs, device, report)
         info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
         for member in members:
             out = outs[member.config.number]
             out.state, out.reason = member.state, member.reason
             if member.state == "complete":  # its model has its own storage again
-                sizes[member.config.number] = footprint.measure(member.parts.model, member.parts.data,
-                                                                member.config.spec)
+                sizes[member.config.number] = footprint.measure(
+                    member.parts.model, member.parts.data, member.config.spec
+                )
             if member.state == "complete" and member.config.checkpoint:
                 state = member.training_state()
-                checkpoint.save(Path(member.config.checkpoint),
-                                {**state, "trial": member.config.number, "params": member.config.params})
+                checkpoint.save(
+                    Path(member.config.checkpoint),
+                    {**state, "trial": member.config.number, "params": member.config.params},
+                )
     except fused.NotFusable as exc:  # before any member trained an epoch: each trains alone
         release_device_memory()
         solo = [execute(config, decide, worker_index) for config in configs]

@@ -40,7 +40,7 @@ def measure(model: nn.Module, data: DataSplits, spec: SweepSpec) -> dict[str, fl
 def latency_ms(model: nn.Module, data: DataSplits, spec: SweepSpec) -> float:
     device = data.val_x.device
     layout = speed.channels_last(model, device)
-    batch = speed.as_input(data.inputs(data.val_x[:spec.train.eval_batch_size]), layout)
+    batch = speed.as_input(data.inputs(data.val_x[: spec.train.eval_batch_size]), layout)
     training = model.training
     model.eval()
     times = []

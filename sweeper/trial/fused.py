@@ -65,10 +65,16 @@ class Member:
         """The member's training state, as the solo trainer saves it (its own storage: call after
         FusedGroup.release)."""
         parts = self.parts
-        return checkpoint.capture(model=parts.model, optimizer=parts.optimizer, scheduler=parts.scheduler,
-                                  scaler=torch.amp.GradScaler("cpu", enabled=False),
-                                  generators={"order": self.order, "augment": self.augment},
-                                  epoch=len(self.history), history=self.history, base_lrs=self.base_lrs)
+        return checkpoint.capture(
+            model=parts.model,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            scaler=torch.amp.GradScaler("cpu", enabled=False),
+            generators={"order": self.order, "augment": self.augment},
+            epoch=len(self.history),
+            history=self.history,
+            base_lrs=self.base_lrs,
+        )
 
 
 def fusable(kind: str, plugin: str) -> bool:
@@ -93,7 +99,7 @@ def plan(configs: list[TrialConfig], size: int) -> tuple[list[list[TrialConfig]]
     out: list[list[TrialConfig]] = []
     notes: list[str] = []
     for same in groups.values():
-        chunks = [same[i:i + size] for i in range(0, len(same), size)]
+        chunks = [same[i : i + size] for i in range(0, len(same), size)]
         for chunk in chunks:
             reason = why_not_fused(chunk) if len(chunk) > 1 else None
             if reason is None:
@@ -103,8 +109,10 @@ def plan(configs: list[TrialConfig], size: int) -> tuple[list[list[TrialConfig]]
             notes.append(f"trials {', '.join(str(c.number) for c in chunk)} train one at a time: {reason}")
     if len(groups) > 1:
         shapes = "; ".join(", ".join(str(c.number) for c in same) for same in groups.values())
-        notes.append(f"this batch trains as {len(groups)} fused models, one per architecture (trials {shapes}): "
-                     f"the model, data set or a shared train setting differs between them")
+        notes.append(
+            f"this batch trains as {len(groups)} fused models, one per architecture (trials {shapes}): "
+            f"the model, data set or a shared train setting differs between them"
+        )
     return out, notes
 
 
@@ -167,10 +175,13 @@ class FusedGroup:
             self.stepper.keep([self.stacked.index(m) for m in active])
         self.stacked = active
         models = [m.parts.model for m in active]
-        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
-                       for n, _ in models[0].named_parameters()}
-        self.buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in models])
-                        for n, _ in models[0].named_buffers()}
+        self.params = {
+            n: torch.stack([dict(m.named_parameters())[n].detach() for m in models])
+            for n, _ in models[0].named_parameters()
+        }
+        self.buffers = {
+            n: torch.stack([dict(m.named_buffers())[n] for m in models]) for n, _ in models[0].named_buffers()
+        }
         for k, model in enumerate(models):
             for name, param in model.named_parameters():
                 param.data = self.params[name][k]
@@ -190,8 +201,11 @@ class FusedGroup:
                     param.grad = grads[name][k]
                 params = [p for p in model.parameters() if p.requires_grad]
                 clip = m.config.spec.train.grad_clip
-                norms.append(nn.utils.clip_grad_norm_(params, clip) if clip is not None else
-                             nn.utils.get_total_norm([p.grad for p in params]))
+                norms.append(
+                    nn.utils.clip_grad_norm_(params, clip)
+                    if clip is not None
+                    else nn.utils.get_total_norm([p.grad for p in params])
+                )
                 optimizer.step()
             norm = torch.stack(norms).float()
         else:
@@ -201,8 +215,7 @@ class FusedGroup:
             if any(c is not None for c in clips):  # as clip_grad_norm_: scaled by max_norm / (norm + 1e-6), at most 1
                 limit = torch.tensor([math.inf if c is None else c for c in clips], device=device)
                 scale = (limit / (norm + 1e-6)).clamp(max=1.0)
-                grads = {n: grads[n] * scale.view((-1,) + (1,) * (grads[n].ndim - 1)).to(grads[n].dtype)
-                         for n in names}
+                grads = {n: grads[n] * scale.view((-1,) + (1,) * (grads[n].ndim - 1)).to(grads[n].dtype) for n in names}
             self.stepper.step(self.params, grads)
         for m in members:
             scheduler = m.parts.scheduler
@@ -223,8 +236,9 @@ class FusedGroup:
                 model.get_submodule(module)._buffers[attr] = buffer.clone()
 
 
-def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberReport,
-              stacked: bool = True, layered: bool = True) -> list[Member]:
+def fit_fused(
+    configs: list[TrialConfig], device: torch.device, report: MemberReport, stacked: bool = True, layered: bool = True
+) -> list[Member]:
     """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
     the members with their history and end state. Each member's model keeps its weights.
     ``stacked``: one update for all members where their optimizers allow (fused_optim.py);
@@ -236,18 +250,28 @@ def fit_fused(configs: list[TrialConfig], device: torch.device, report: MemberRe
     members = []
     for config in configs:  # each built exactly as its solo trial is
         parts = build(config, device)
-        members.append(Member(config, parts, torch.Generator().manual_seed(config.seed),
-                              torch.Generator(device=device).manual_seed(config.seed + 1),
-                              [group["lr"] for group in parts.optimizer.param_groups]))
+        members.append(
+            Member(
+                config,
+                parts,
+                torch.Generator().manual_seed(config.seed),
+                torch.Generator(device=device).manual_seed(config.seed + 1),
+                [group["lr"] for group in parts.optimizer.param_groups],
+            )
+        )
     group = FusedGroup(members, stacked)
     train, data = configs[0].spec.train, members[0].parts.data
     dtype = amp_dtype(device, train.precision)
     try:
         group.engine = fused_forward.engine(  # layered where the model allows, checked on 32 validation samples
-            group.template, group.params, group.buffers, data.inputs(data.val_x[:32]),
+            group.template,
+            group.params,
+            group.buffers,
+            data.inputs(data.val_x[:32]),
             [m.config.spec.train.label_smoothing for m in members],
             lambda: torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext(),
-            layered)
+            layered,
+        )
         for member in members:
             member.engine = group.engine.kind
         for epoch in range(1, train.epochs + 1):
@@ -280,8 +304,11 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
     orders = orders.to(device)
     running: list[int] = []  # ids of the members the rows and label smoothings below are for
     # each member's sums over the epoch, (all members,): indexed by its place in group.members
-    totals = {"loss": torch.zeros(len(group.members), device=device), "norm": torch.zeros(len(group.members), device=device),
-              "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64)}
+    totals = {
+        "loss": torch.zeros(len(group.members), device=device),
+        "norm": torch.zeros(len(group.members), device=device),
+        "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64),
+    }
     steps = steps_per_epoch(data, train.batch_size)
     seen = 0
     for step in range(steps):
@@ -292,7 +319,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
             running = [id(m) for m in members]
             rows = torch.tensor([group.members.index(m) for m in members], device=device)
             eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
-        batch = orders[rows, step * train.batch_size:(step + 1) * train.batch_size]
+        batch = orders[rows, step * train.batch_size : (step + 1) * train.batch_size]
         grads_sum: dict[str, torch.Tensor] | None = None
         for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
             x = data.train_x[micro]
@@ -300,8 +327,9 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
                 x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
             x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
             try:
-                grads, loss, right = group.engine.step(group.params, group.buffers, x, data.train_y[micro], eps,
-                                                       micro.shape[1] / batch.shape[1])
+                grads, loss, right = group.engine.step(
+                    group.params, group.buffers, x, data.train_y[micro], eps, micro.shape[1] / batch.shape[1]
+                )
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as exc:
@@ -331,8 +359,15 @@ def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: in
         group.restack()
 
 
-def _evaluate_and_report(group: FusedGroup, epoch: int, totals: dict[str, torch.Tensor], seen: int,
-                         steps: int, seconds_train: float, report: MemberReport) -> None:
+def _evaluate_and_report(
+    group: FusedGroup,
+    epoch: int,
+    totals: dict[str, torch.Tensor],
+    seen: int,
+    steps: int,
+    seconds_train: float,
+    report: MemberReport,
+) -> None:
     members = group.active
     if not members:
         return
@@ -343,9 +378,15 @@ def _evaluate_and_report(group: FusedGroup, epoch: int, totals: dict[str, torch.
     correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
     with torch.inference_mode(), group.engine.autocast():
         for part in eval_batches(n, train.eval_batch_size):
-            out = group.engine.predict(group.params, group.buffers, data.inputs(data.val_x[part])).float()  # (members, batch, classes)
+            out = group.engine.predict(
+                group.params, group.buffers, data.inputs(data.val_x[part])
+            ).float()  # (members, batch, classes)
             y = data.val_y[part]
-            loss += F.cross_entropy(out.flatten(0, 1), y.repeat(len(members)), reduction="none").view(len(members), -1).sum(1)
+            loss += (
+                F.cross_entropy(out.flatten(0, 1), y.repeat(len(members)), reduction="none")
+                .view(len(members), -1)
+                .sum(1)
+            )
             correct += (out.argmax(-1) == y).sum(1)
     seconds = seconds_train + time.perf_counter() - started
     # one copy to the host for every member's numbers
@@ -360,10 +401,16 @@ def _evaluate_and_report(group: FusedGroup, epoch: int, totals: dict[str, torch.
         scheduler = member.parts.scheduler
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(val_loss[k])
-        metrics = {"train_loss": train_loss[row] / seen, "train_acc": train_correct[row] / seen,
-                   "val_loss": val_loss[k], "val_acc": val_correct[k] / n,
-                   "lr": member.parts.optimizer.param_groups[0]["lr"], "grad_norm": norm[row] / steps,
-                   "epoch_seconds": seconds, "samples_per_s": seen / seconds}
+        metrics = {
+            "train_loss": train_loss[row] / seen,
+            "train_acc": train_correct[row] / seen,
+            "val_loss": val_loss[k],
+            "val_acc": val_correct[k] / n,
+            "lr": member.parts.optimizer.param_groups[0]["lr"],
+            "grad_norm": norm[row] / steps,
+            "epoch_seconds": seconds,
+            "samples_per_s": seen / seconds,
+        }
         member.history.append(metrics)
         try:
             report(row, epoch, metrics)

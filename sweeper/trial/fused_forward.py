@@ -32,9 +32,30 @@ Tensors = dict[str, torch.Tensor]
 # activations, 94 MB, leave the caches)
 CPU_EVAL_ROWS = 4096
 # the layers that act per element or per channel, with no parameters: the same module serves the layout
-AS_IS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.ELU, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.Mish,
-         nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d,
-         nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d)
+AS_IS = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.GELU,
+    nn.SiLU,
+    nn.ELU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Hardswish,
+    nn.Mish,
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+)
 
 
 class NotFusable(Exception):
@@ -59,8 +80,9 @@ class FusedConv2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         members = self.weight.shape[0]
         bias = None if self.bias is None else self.bias.flatten()
-        return F.conv2d(x, self.weight.flatten(0, 1), bias, self.stride, self.padding, self.dilation,
-                        self.groups * members)
+        return F.conv2d(
+            x, self.weight.flatten(0, 1), bias, self.stride, self.padding, self.dilation, self.groups * members
+        )
 
 
 class FusedLinear(nn.Module):
@@ -75,8 +97,11 @@ class FusedLinear(nn.Module):
         if x.dim() != 2:
             raise ValueError("the layered layout takes a Linear's input as (batch, members x features) only")
         h = x.view(x.shape[0], members, in_features).transpose(0, 1)  # (members, batch, in)
-        out = torch.bmm(h, self.weight.transpose(1, 2)) if self.bias is None else \
-            torch.baddbmm(self.bias[:, None, :], h, self.weight.transpose(1, 2))
+        out = (
+            torch.bmm(h, self.weight.transpose(1, 2))
+            if self.bias is None
+            else torch.baddbmm(self.bias[:, None, :], h, self.weight.transpose(1, 2))
+        )
         return out.transpose(0, 1).reshape(x.shape[0], members * out_features)
 
 
@@ -97,7 +122,9 @@ class FusedBatchNorm(nn.Module):
             if self.momentum is None:  # a cumulative average, as torch's module
                 momentum = 1.0 / float(self.num_batches_tracked[0])
         use_batch = self.training or self.running_mean is None
-        flat = [None if t is None else t.flatten() for t in (self.running_mean, self.running_var, self.weight, self.bias)]
+        flat = [
+            None if t is None else t.flatten() for t in (self.running_mean, self.running_var, self.weight, self.bias)
+        ]
         running = flat[:2] if not self.training or self.track_running_stats else [None, None]
         return F.batch_norm(x, running[0], running[1], flat[2], flat[3], use_batch, momentum, self.eps)
 
@@ -143,8 +170,11 @@ def member_losses(out: torch.Tensor, y: torch.Tensor, smoothing: list[float], ep
     """Each member's mean cross-entropy (with its label smoothing): out (members, batch, classes),
     y (members, batch) -> (members,). torch's own loss when all members share one smoothing."""
     if len(set(smoothing)) == 1:
-        return F.cross_entropy(out.flatten(0, 1), y.flatten(), label_smoothing=smoothing[0],
-                               reduction="none").view(y.shape).mean(1)
+        return (
+            F.cross_entropy(out.flatten(0, 1), y.flatten(), label_smoothing=smoothing[0], reduction="none")
+            .view(y.shape)
+            .mean(1)
+        )
     logp = F.log_softmax(out, dim=-1)
     nll = -logp.gather(-1, y[..., None]).squeeze(-1).mean(1)
     return (1 - eps) * nll + eps * (-logp.mean(-1)).mean(1)
@@ -154,13 +184,19 @@ class Engine:
     """One fused forward and backward: ``step`` gives each member's gradients, summed loss and
     correct count; ``predict`` each member's outputs on a shared batch."""
 
-    def __init__(self, template: nn.Module, layered_model: nn.Module | None, smoothing: list[float],
-                 autocast: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        template: nn.Module,
+        layered_model: nn.Module | None,
+        smoothing: list[float],
+        autocast: Callable[[], object],
+    ) -> None:
         self.template, self.model, self.smoothing, self.autocast = template, layered_model, smoothing, autocast
         self.kind = "vmap" if layered_model is None else "layered"
 
-    def step(self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor,
-             weight: float) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+    def step(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, weight: float
+    ) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
         """x (members, batch, ...), y (members, batch): (gradients, loss (members,), correct (members,))."""
         if self.model is None:
             return self._vmap_step(params, buffers, x, y, eps, weight)
@@ -173,8 +209,9 @@ class Engine:
         grads = torch.autograd.grad(loss.sum() * weight, list(leaves.values()))
         return dict(zip(leaves, grads)), loss.detach(), (out.detach().argmax(-1) == y).sum(1)
 
-    def _vmap_step(self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor,
-                   weight: float) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
+    def _vmap_step(
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, weight: float
+    ) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
         template = self.template.train()
         smoothing = self.smoothing
 
@@ -196,13 +233,27 @@ class Engine:
             return vmap(lambda p, b: functional_call(template, (p, b), (x,)))(params, buffers)
         self.model.eval()
         step = max(1, CPU_EVAL_ROWS // members) if x.device.type == "cpu" else x.shape[0]
-        return torch.cat([members_first(functional_call(self.model, (params, buffers),
-                                                        (layout(piece.expand(members, *piece.shape)),)), members)
-                          for piece in x.split(step)], dim=1)
+        return torch.cat(
+            [
+                members_first(
+                    functional_call(self.model, (params, buffers), (layout(piece.expand(members, *piece.shape)),)),
+                    members,
+                )
+                for piece in x.split(step)
+            ],
+            dim=1,
+        )
 
 
-def engine(template: nn.Module, params: Tensors, buffers: Tensors, sample: torch.Tensor, smoothing: list[float],
-           autocast: Callable[[], object], allow_layered: bool = True) -> Engine:
+def engine(
+    template: nn.Module,
+    params: Tensors,
+    buffers: Tensors,
+    sample: torch.Tensor,
+    smoothing: list[float],
+    autocast: Callable[[], object],
+    allow_layered: bool = True,
+) -> Engine:
     """The layered engine where the model has a layered form whose predictions on ``sample`` (a
     validation batch) equal vmap's; else vmap. NotFusable where vmap cannot run the model."""
     vmapped = Engine(template, None, smoothing, autocast)

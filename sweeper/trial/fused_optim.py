@@ -69,15 +69,22 @@ class StackedOptimizer:
         step = self.steps
         values: dict[str, list[float]] = {"lr": [g["lr"] for g in groups], "wd": [g["weight_decay"] for g in groups]}
         if self.kind == "sgd":
-            values.update(momentum=[g["momentum"] for g in groups],
-                          keep=[1 - g["dampening"] for g in groups], nesterov=[float(g["nesterov"]) for g in groups])
+            values.update(
+                momentum=[g["momentum"] for g in groups],
+                keep=[1 - g["dampening"] for g in groups],
+                nesterov=[float(g["nesterov"]) for g in groups],
+            )
         else:
             betas = [g["betas"] for g in groups]
-            values.update(decay=[1 - g["lr"] * g["weight_decay"] for g in groups],
-                          one_minus_beta1=[1 - b1 for b1, _ in betas], beta2=[b2 for _, b2 in betas],
-                          one_minus_beta2=[1 - b2 for _, b2 in betas],
-                          step_size=[g["lr"] / (1 - b1 ** step) for g, (b1, _) in zip(groups, betas)],
-                          bias2_sqrt=[math.sqrt(1 - b2 ** step) for _, b2 in betas], eps=[g["eps"] for g in groups])
+            values.update(
+                decay=[1 - g["lr"] * g["weight_decay"] for g in groups],
+                one_minus_beta1=[1 - b1 for b1, _ in betas],
+                beta2=[b2 for _, b2 in betas],
+                one_minus_beta2=[1 - b2 for _, b2 in betas],
+                step_size=[g["lr"] / (1 - b1**step) for g, (b1, _) in zip(groups, betas)],
+                bias2_sqrt=[math.sqrt(1 - b2**step) for _, b2 in betas],
+                eps=[g["eps"] for g in groups],
+            )
         table = torch.tensor(list(values.values()), dtype=torch.float32, device=device)  # one copy to the device
         return dict(zip(values, table))
 
@@ -130,5 +137,7 @@ class StackedOptimizer:
                     if momentum:
                         optimizer.state[params[name]] = {"momentum_buffer": stacked["momentum_buffer"][k].clone()}
                 else:
-                    optimizer.state[params[name]] = {"step": torch.tensor(float(self.steps)),
-                                                     **{key: value[k].clone() for key, value in stacked.items()}}
+                    optimizer.state[params[name]] = {
+                        "step": torch.tensor(float(self.steps)),
+                        **{key: value[k].clone() for key, value in stacked.items()},
+                    }

@@ -55,8 +55,17 @@ class RangeTest:
         return asdict(self)
 
 
-def range_test(model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits, train: TrainSpec, *,
-               min_lr: float, max_lr: float, steps: int = 100, seed: int = 0) -> RangeTest:
+def range_test(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: DataSplits,
+    train: TrainSpec,
+    *,
+    min_lr: float,
+    max_lr: float,
+    steps: int = 100,
+    seed: int = 0,
+) -> RangeTest:
     """Run the test with the trial's own loop (accumulation, AMP, clipping), then restore state."""
     saved = _snapshot(model, optimizer)
     start = time.perf_counter()
@@ -109,7 +118,7 @@ def steepest(lrs: list[float], losses: list[float]) -> float | None:
         return None
     slope = np.gradient(loss, np.log10(lrs))
     skip_start, skip_end = max(1, len(loss) // 10), max(1, len(loss) // 20)
-    window = slope[skip_start:len(loss) - skip_end]
+    window = slope[skip_start : len(loss) - skip_end]
     i = int(np.argmin(window))
     return float(lrs[skip_start + i]) if window[i] < 0 else None
 
@@ -158,8 +167,12 @@ def _forever(data: DataSplits, batch_size: int, generator: torch.Generator):
 
 
 def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    return {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "training": model.training, "rng": rng_state()}
+    return {
+        "model": copy.deepcopy(model.state_dict()),
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+        "training": model.training,
+        "rng": rng_state(),
+    }
 
 
 def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:

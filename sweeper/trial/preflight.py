@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -41,8 +42,10 @@ class DryBuild:
     warnings: list[str]  # optimizer settings a plugin overrides (the spec's value has no effect)
 
     def summary(self) -> str:
-        return (f"{len(self.configurations)} configuration(s) ({', '.join(self.configurations)}) on cpu: "
-                f"data {self.data_seconds:.2f} s, build and one step {self.build_seconds:.2f} s")
+        return (
+            f"{len(self.configurations)} configuration(s) ({', '.join(self.configurations)}) on cpu: "
+            f"data {self.data_seconds:.2f} s, build and one step {self.build_seconds:.2f} s"
+        )
 
 
 def dry_build(spec: SweepSpec) -> DryBuild:
@@ -93,8 +96,10 @@ def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any])
         model.train()
         out = model(x)
         if tuple(out.shape) != (n, data.num_classes):
-            raise ValueError(f"it returns shape {tuple(out.shape)} for {n} inputs of shape {data.input_shape}; "
-                             f"expected ({n}, num_classes={data.num_classes})")
+            raise ValueError(
+                f"it returns shape {tuple(out.shape)} for {n} inputs of shape {data.input_shape}; "
+                f"expected ({n}, num_classes={data.num_classes})"
+            )
         loss = F.cross_entropy(out, y, label_smoothing=config.train.label_smoothing)
         loss.backward()
     with _blame(config, "optimizer", "an optimizer step", values):
@@ -117,12 +122,16 @@ _LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr", "base_momentum", "max_moment
 
 def _settings(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The first param group's settings (momentum, betas, weight decay, ...), as plain values."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in optimizer.param_groups[0].items()
-            if k != "params" and k not in _LR_KEYS and isinstance(v, (int, float, tuple, list))}
+    return {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in optimizer.param_groups[0].items()
+        if k != "params" and k not in _LR_KEYS and isinstance(v, (int, float, tuple, list))
+    }
 
 
-def _overridden(config: SweepSpec, section: str, optimizer: torch.optim.Optimizer,
-                expected: dict[str, Any]) -> list[str]:
+def _overridden(
+    config: SweepSpec, section: str, optimizer: torch.optim.Optimizer, expected: dict[str, Any]
+) -> list[str]:
     """Settings in ``expected`` (the spec's optimizer args, or the settings before the schedule
     was built and stepped) that the optimizer now holds with another value."""
     now = _settings(optimizer)
@@ -131,8 +140,10 @@ def _overridden(config: SweepSpec, section: str, optimizer: torch.optim.Optimize
     for key, value in expected.items():
         value = list(value) if isinstance(value, tuple) else value
         if key in now and key not in _LR_KEYS and now[key] != value:
-            out.append(f"{section} plugin '{plugin}' changes the optimizer's {key} from {value!r} to {now[key]!r}: "
-                       f"the value optimizer.args.{key} gives (fixed or searched) has no effect")
+            out.append(
+                f"{section} plugin '{plugin}' changes the optimizer's {key} from {value!r} to {now[key]!r}: "
+                f"the value optimizer.args.{key} gives (fixed or searched) has no effect"
+            )
     return out
 
 
@@ -144,16 +155,21 @@ def _check_splits(data: Any) -> None:
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         given = data.inputs(x[:2])
         if not (given.is_floating_point() and y.dtype == torch.int64):
-            raise TypeError(f"{split}_x must be floating point (as stored, or after input_transform) and {split}_y "
-                            f"int64; got {given.dtype} and {y.dtype}")
+            raise TypeError(
+                f"{split}_x must be floating point (as stored, or after input_transform) and {split}_y "
+                f"int64; got {given.dtype} and {y.dtype}"
+            )
         if not (x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0):
-            raise ValueError(f"{split}_x must be (N, *input_shape) and {split}_y (N,) with N > 0; got "
-                             f"{tuple(x.shape)} and {tuple(y.shape)}")
+            raise ValueError(
+                f"{split}_x must be (N, *input_shape) and {split}_y (N,) with N > 0; got "
+                f"{tuple(x.shape)} and {tuple(y.shape)}"
+            )
         if not bool(((y >= 0) & (y < data.num_classes)).all()):
             raise ValueError(f"{split}_y must hold class indices in [0, num_classes={data.num_classes})")
     if data.train_x.shape[1:] != data.val_x.shape[1:]:
-        raise ValueError(f"train and val inputs differ in shape: {tuple(data.train_x.shape[1:])} vs "
-                         f"{tuple(data.val_x.shape[1:])}")
+        raise ValueError(
+            f"train and val inputs differ in shape: {tuple(data.train_x.shape[1:])} vs {tuple(data.val_x.shape[1:])}"
+        )
 
 
 def _check_batch_sizes(spec: SweepSpec, config: SweepSpec, data: DataSplits) -> None:
@@ -165,13 +181,18 @@ def _check_batch_sizes(spec: SweepSpec, config: SweepSpec, data: DataSplits) -> 
     for size in sizes:
         if isinstance(size, (int, float)) and size > n:
             where = "train.batch_size" if param is None else "search.space.train.batch_size"
-            raise UserError(f"{where}: a batch of {size} is larger than the training split of dataset plugin "
-                            f"'{config.dataset.plugin}' ({n} samples); use at most {n}")
+            raise UserError(
+                f"{where}: a batch of {size} is larger than the training split of dataset plugin "
+                f"'{config.dataset.plugin}' ({n} samples); use at most {n}"
+            )
 
 
 def _label(spec: SweepSpec, values: dict[str, Any]) -> str:
-    chosen = [f"{s}.plugin={values[f'{s}.plugin']}" for s in SECTIONS
-              if f"{s}.plugin" in values and values[f"{s}.plugin"] != getattr(spec, s).plugin]
+    chosen = [
+        f"{s}.plugin={values[f'{s}.plugin']}"
+        for s in SECTIONS
+        if f"{s}.plugin" in values and values[f"{s}.plugin"] != getattr(spec, s).plugin
+    ]
     return ", ".join(chosen) or "base"
 
 
@@ -200,5 +221,7 @@ def _blame(config: SweepSpec, section: str, doing: str, values: dict[str, Any]) 
         own = [f"{k}={v!r}" for k, v in values.items() if k.startswith(f"{section}.")]
         searched = f" (with {', '.join(own)})" if own else ""
         who = f"{registry.singular(kind)} plugin '{name}' ({registry.info(kind, name).where})"
-        raise UserError(f"{section}.args / {who}: {doing} failed{searched}: {type(exc).__name__}: "
-                        f"{str(exc).rstrip('.')}. Found in a dry build on the CPU, before any trial started.") from exc
+        raise UserError(
+            f"{section}.args / {who}: {doing} failed{searched}: {type(exc).__name__}: "
+            f"{str(exc).rstrip('.')}. Found in a dry build on the CPU, before any trial started."
+        ) from exc

@@ -33,8 +33,11 @@ def channels_last(model: nn.Module, device: torch.device) -> bool:
     2-D convolution that did not opt out. Tensor cores read NHWC without transposes: 1.2-1.5x
     for conv nets in AMP (benchmarks/gpu_check.py measures it)."""
     model = plain(model)
-    return (device.type == "cuda" and getattr(model, CHANNELS_LAST_ATTR, True) is not False
-            and any(isinstance(m, nn.Conv2d) for m in model.modules()))
+    return (
+        device.type == "cuda"
+        and getattr(model, CHANNELS_LAST_ATTR, True) is not False
+        and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    )
 
 
 def to_memory_format(model: nn.Module, device: torch.device) -> nn.Module:
@@ -98,8 +101,10 @@ class CompiledModel(nn.Module):
 
 def architecture(model: nn.Module) -> str:
     """What a compiled forward depends on: module structure, parameter and buffer shapes, layouts."""
-    layout = [(name, tuple(t.shape), t.dtype, t.is_contiguous(memory_format=torch.channels_last) and t.ndim == 4)
-              for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    layout = [
+        (name, tuple(t.shape), t.dtype, t.is_contiguous(memory_format=torch.channels_last) and t.ndim == 4)
+        for name, t in [*model.named_parameters(), *model.named_buffers()]
+    ]
     return f"{model!r}|{layout}"
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,8 +50,9 @@ class Stepper:
     """One optimizer step over a batch of indices: micro-batches (accumulation), autocast,
     loss scaling, clipping. Shared by training and the LR range test."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits,
-                 train: TrainSpec, seed: int) -> None:
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits, train: TrainSpec, seed: int
+    ) -> None:
         self.model, self.optimizer, self.data, self.train = model, optimizer, data, train
         self.device = data.train_x.device
         self.dtype = amp_dtype(self.device, train.precision)
@@ -89,9 +91,18 @@ class Stepper:
         return loss_sum, correct, norm
 
 
-def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data: DataSplits,
-        train: TrainSpec, *, seed: int, report: Report, resume: checkpoint.Resume | None = None,
-        on_epoch_end: OnEpochEnd | None = None) -> list[dict[str, float]]:
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data: DataSplits,
+    train: TrainSpec,
+    *,
+    seed: int,
+    report: Report,
+    resume: checkpoint.Resume | None = None,
+    on_epoch_end: OnEpochEnd | None = None,
+) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``)."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
@@ -104,8 +115,9 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
     history: list[dict[str, float]] = []
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     if resume is not None:
-        base_lrs = checkpoint.restore(resume, model=model, optimizer=optimizer, scheduler=scheduler,
-                                      scaler=stepper.scaler, generators=generators)
+        base_lrs = checkpoint.restore(
+            resume, model=model, optimizer=optimizer, scheduler=scheduler, scaler=stepper.scaler, generators=generators
+        )
         history = [dict(h) for h in resume.state["history"]]
 
     for epoch in range(resume.state["epoch"] + 1 if resume else 1, train.epochs + 1):
@@ -135,23 +147,39 @@ def fit(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, data
         if per_epoch_scheduler:
             scheduler.step(val_loss)
         seconds = time.perf_counter() - start
-        metrics = {"train_loss": train_loss, "train_acc": correct.item() / seen, "val_loss": val_loss,
-                   "val_acc": val_acc, "lr": optimizer.param_groups[0]["lr"],
-                   "grad_norm": norm_sum.item() / steps, "epoch_seconds": seconds,
-                   "samples_per_s": seen / seconds}
+        metrics = {
+            "train_loss": train_loss,
+            "train_acc": correct.item() / seen,
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "lr": optimizer.param_groups[0]["lr"],
+            "grad_norm": norm_sum.item() / steps,
+            "epoch_seconds": seconds,
+            "samples_per_s": seen / seconds,
+        }
         if device.type == "cuda":
             metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         history.append(metrics)
         if on_epoch_end is not None:
-            on_epoch_end(checkpoint.capture(model=model, optimizer=optimizer, scheduler=scheduler,
-                                            scaler=stepper.scaler, generators=generators, epoch=epoch,
-                                            history=history, base_lrs=base_lrs))
+            on_epoch_end(
+                checkpoint.capture(
+                    model=model,
+                    optimizer=optimizer,
+                    scheduler=scheduler,
+                    scaler=stepper.scaler,
+                    generators=generators,
+                    epoch=epoch,
+                    history=history,
+                    base_lrs=base_lrs,
+                )
+            )
         report(epoch, metrics)
     return history
 
 
-def evaluate(model: nn.Module, data: DataSplits, batch_size: int,
-             dtype: torch.dtype | None = None) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, data: DataSplits, batch_size: int, dtype: torch.dtype | None = None
+) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) on the validation split."""
     model.eval()
     device = data.val_x.device

@@ -18,8 +18,9 @@ from torch import nn
 
 
 class _Limited(nn.Module):
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, limit: int, error: type[Exception],
-                 message: str) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, limit: int, error: type[Exception], message: str
+    ) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
         self.limit, self.error, self.message = limit, error, message
@@ -31,15 +32,24 @@ class _Limited(nn.Module):
 
 
 def greedy(*, input_shape: tuple[int, ...], num_classes: int, fits: int = 8) -> nn.Module:
-    return _Limited(input_shape, num_classes, fits, torch.cuda.OutOfMemoryError,
-                    "CUDA out of memory. Tried to allocate 2.00 GiB for a micro-batch of {n} samples")
+    return _Limited(
+        input_shape,
+        num_classes,
+        fits,
+        torch.cuda.OutOfMemoryError,
+        "CUDA out of memory. Tried to allocate 2.00 GiB for a micro-batch of {n} samples",
+    )
 
 
 def broken(*, input_shape: tuple[int, ...], num_classes: int, above: int = 16) -> nn.Module:
-    return _Limited(input_shape, num_classes, above, RuntimeError,
-                    "the fused kernel failed on a batch of {n} samples")
+    return _Limited(input_shape, num_classes, above, RuntimeError, "the fused kernel failed on a batch of {n} samples")
 
 
 def faulting(*, input_shape: tuple[int, ...], num_classes: int, above: int = 16) -> nn.Module:
-    return _Limited(input_shape, num_classes, above, torch.AcceleratorError,
-                    "CUDA error: an illegal memory access was encountered (a batch of {n} samples)")
+    return _Limited(
+        input_shape,
+        num_classes,
+        above,
+        torch.AcceleratorError,
+        "CUDA error: an illegal memory access was encountered (a batch of {n} samples)",
+    )

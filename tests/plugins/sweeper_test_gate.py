@@ -59,8 +59,7 @@ class Gate(LambdaLR):
             time.sleep(WAIT_POLL_S)
 
 
-def gate(optimizer, *, epochs: int, steps_per_epoch: int, folder: str = "gate", build: int = 1,
-         epoch: int = 1) -> Gate:
+def gate(optimizer, *, epochs: int, steps_per_epoch: int, folder: str = "gate", build: int = 1, epoch: int = 1) -> Gate:
     Path(folder).mkdir(parents=True, exist_ok=True)
     if in_dry_build():  # sweeper's dry build before the first trial is no trial: not counted, never blocked
         return Gate(optimizer, str(folder), 0)

@@ -25,7 +25,15 @@ class Gates(Gate):
             super()._wait()
 
 
-def gates(optimizer, *, epochs: int, steps_per_epoch: int, folder: str = "gates", epoch: int = 2,
-          first: int = 1, second: int = 2) -> Gates:
+def gates(
+    optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    folder: str = "gates",
+    epoch: int = 2,
+    first: int = 1,
+    second: int = 2,
+) -> Gates:
     Path(folder).mkdir(parents=True, exist_ok=True)
     return Gates(optimizer, folder, (epoch - 1) * steps_per_epoch + 1, first, second)

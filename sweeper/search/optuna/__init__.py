@@ -40,8 +40,10 @@ class OptunaBackend:
         if done:
             ctx.observer.note(f"joining: {done} trial(s) of the sweep already done")
         if spec.search.storage and spec.search.artifact_root is None and not ctx.tracker.enabled:
-            ctx.observer.note("search.storage is shared but checkpoints are not published (no MLflow tracking, no "
-                              "search.artifact_root): a trial trained on another machine cannot be exported here")
+            ctx.observer.note(
+                "search.storage is shared but checkpoints are not published (no MLflow tracking, no "
+                "search.artifact_root): a trial trained on another machine cannot be exported here"
+            )
         pool = executor(spec.search.parallel, coordinator.decide, coordinator.record)
         try:
             coordinator.run(pool)

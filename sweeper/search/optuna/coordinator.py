@@ -38,16 +38,29 @@ from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease, writes
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.recovery import POLL_S, Recovery
-from sweeper.search.optuna.study import (ACCUMULATE, ATTEMPT, BATCH, FINISHED, INFO, RETRY_OF, SLOT,
-                                         TELL, directions, interrupted, make_pruner, make_sampler, record)
+from sweeper.search.optuna.study import (
+    ACCUMULATE,
+    ATTEMPT,
+    BATCH,
+    FINISHED,
+    INFO,
+    RETRY_OF,
+    SLOT,
+    TELL,
+    directions,
+    interrupted,
+    make_pruner,
+    make_sampler,
+    record,
+)
 from sweeper.search.pool import Executor
 from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.records import TrialEvent, TrialRecord, objective_values
+from sweeper.trial import fused
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
-from sweeper.trial import fused
 from sweeper.trial.execute import OOM, Outcome
 from sweeper.trial.seeding import sampler_seed, threads_per_trial, trial_seed
 
@@ -69,8 +82,9 @@ class Coordinator(Recovery):
     """Claims and proposes trials, answers pruning questions, tells results, logs them; its
     answers to faults are recovery.py's."""
 
-    def __init__(self, spec: SweepSpec, study: optuna.Study, ledger: Ledger, heartbeat: lease.Heartbeat,
-                 ctx: SearchContext) -> None:
+    def __init__(
+        self, spec: SweepSpec, study: optuna.Study, ledger: Ledger, heartbeat: lease.Heartbeat, ctx: SearchContext
+    ) -> None:
         self.spec, self.study, self.ledger, self.heartbeat, self.ctx = spec, study, ledger, heartbeat, ctx
         self.live: dict[int, _Live] = {}
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
@@ -151,8 +165,10 @@ class Coordinator(Recovery):
         one trial, or with fusing the waiting trials of the first one's chunk."""
         claimed: list[optuna.Trial] = []
         mine = bool(self.waiting_here)
-        waiting = self.waiting_here or sorted(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
-                                              key=lambda t: t.user_attrs.get(SLOT, t.number))
+        waiting = self.waiting_here or sorted(
+            self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)),
+            key=lambda t: t.user_attrs.get(SLOT, t.number),
+        )
         tried = set()
         for t in waiting:
             if claimed and (self.fuse == 1 or self._chunk(t) != self._chunk(claimed[0])):
@@ -193,8 +209,9 @@ class Coordinator(Recovery):
         if not self.ledger.claim_batch(sweep, size):
             return True
         proposed = self._batch_params(sweep.proposed, size)
-        self._enqueue([(trial, {SLOT: slot, BATCH: sweep.proposed})
-                       for slot, trial in enumerate(proposed, start=sweep.proposed)])
+        self._enqueue(
+            [(trial, {SLOT: slot, BATCH: sweep.proposed}) for slot, trial in enumerate(proposed, start=sweep.proposed)]
+        )
         self.ledger.unlock()  # only once all are enqueued: a process that dies before is repaired
         return True
 
@@ -218,15 +235,19 @@ class Coordinator(Recovery):
     def _finished_before(self, batch: int) -> list[FrozenTrial]:
         """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
         if self.snapshot[0] != batch:
-            done = [t for t in self.study.get_trials(deepcopy=True, states=FINISHED)
-                    if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch]
+            done = [
+                t
+                for t in self.study.get_trials(deepcopy=True, states=FINISHED)
+                if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch
+            ]
             self.snapshot = (batch, sorted(done, key=lambda t: t.user_attrs.get(SLOT, t.number)))
         return self.snapshot[1]
 
     def _view(self, batch: int, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
         """An in-memory study holding the finished trials of the batches before ``batch``."""
-        view = optuna.create_study(study_name=self.spec.name, directions=directions(self.spec),
-                                   sampler=sampler, pruner=make_pruner(self.spec))
+        view = optuna.create_study(
+            study_name=self.spec.name, directions=directions(self.spec), sampler=sampler, pruner=make_pruner(self.spec)
+        )
         view.add_trials(self._finished_before(batch))
         return view
 
@@ -259,10 +280,19 @@ class Coordinator(Recovery):
         already (``enqueue_trial`` makes one transaction a trial and leaves each param to be
         written, one transaction each, when the trial is claimed; its "fixed_params" system attr
         is not needed: a trial's suggest returns a param it holds)."""
-        self.waiting_here += writes.create(self.study, [optuna.trial.create_trial(
-            state=TrialState.WAITING, params=p.params, distributions=p.distributions, user_attrs=attrs,
-            system_attrs={k: v for k, v in p.system_attrs.items() if k != "fixed_params"})  # NSGA-II's generation
-            for p, attrs in proposed])
+        self.waiting_here += writes.create(
+            self.study,
+            [
+                optuna.trial.create_trial(
+                    state=TrialState.WAITING,
+                    params=p.params,
+                    distributions=p.distributions,
+                    user_attrs=attrs,
+                    system_attrs={k: v for k, v in p.system_attrs.items() if k != "fixed_params"},
+                )  # NSGA-II's generation
+                for p, attrs in proposed
+            ],
+        )
 
     # --- running -------------------------------------------------------------------------------
 
@@ -282,9 +312,14 @@ class Coordinator(Recovery):
         batch = trial.user_attrs.get(BATCH)
         shadow = self._shadow(batch) if self.spec.search.reproducible and batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
-        config = TrialConfig(trial.number, self._seed(trial), values,
-                             self.spec.with_values({**values, **resized}), self.threads,
-                             str(trial_path(self.ctx.out_dir, trial.number)))
+        config = TrialConfig(
+            trial.number,
+            self._seed(trial),
+            values,
+            self.spec.with_values({**values, **resized}),
+            self.threads,
+            str(trial_path(self.ctx.out_dir, trial.number)),
+        )
         self.live[trial.number] = _Live(trial, config, None, shadow)
         return config
 
@@ -342,7 +377,10 @@ class Coordinator(Recovery):
         for key, val in live.shadow.study._storage.get_trial_system_attrs(live.shadow._trial_id).items():
             if key not in live.carried or live.carried[key] != val:
                 live.carried[key] = val
-                self._guard(number, lambda: self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val))
+                self._guard(
+                    number,
+                    lambda key=key, val=val: self.study._storage.set_trial_system_attr(live.trial._trial_id, key, val),
+                )
 
     def _finish(self, outcome: Outcome) -> None:
         live = self.live[outcome.number]
@@ -356,19 +394,26 @@ class Coordinator(Recovery):
         fallback = outcome.info.get("fuse_fallback")
         if fallback and fallback not in self.noted:
             self.noted.add(fallback)
-            self.ctx.observer.note(f"a fused task trained its trials one at a time (trial {outcome.number} "
-                                   f"among them): {fallback}")
+            self.ctx.observer.note(
+                f"a fused task trained its trials one at a time (trial {outcome.number} among them): {fallback}"
+            )
         if outcome.state == "failed" and (reason or "").startswith(OOM) and not live.lost:
             reason = self._retry_oom(live, reason or OOM)
         if outcome.state == "pruned":
-            reason = f"{reason} by the {self.spec.search.pruner.type} pruner " \
-                     f"({metric}={outcome.history[-1][metric]:.4g})"
+            reason = (
+                f"{reason} by the {self.spec.search.pruner.type} pruner ({metric}={outcome.history[-1][metric]:.4g})"
+            )
         values = objective_values(self.spec, outcome.history, outcome.info) if outcome.state == "complete" else None
         if outcome.state == "complete" and values is None:  # a footprint the trial could not measure
             outcome.state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in self.spec.goals)}"
         live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
-        info = {"seed": live.config.seed, "reason": reason, "mlflow_run_id": live.run_id,
-                "history": outcome.history, **outcome.info}
+        info = {
+            "seed": live.config.seed,
+            "reason": reason,
+            "mlflow_run_id": live.run_id,
+            "history": outcome.history,
+            **outcome.info,
+        }
         if values is not None:
             info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
             info["value"] = info["values"][metric]  # the primary objective's (the table's value)
@@ -376,14 +421,19 @@ class Coordinator(Recovery):
         self.heartbeat.release(live.trial._trial_id)  # first: no beat writes its epochs meanwhile
         if not live.lost:
             try:  # its epochs, info, state and value: one transaction
-                frozen = writes.finish(self.study, live.trial._trial_id, TELL[outcome.state], values, live.epochs,
-                                       {INFO: info})
+                frozen = writes.finish(
+                    self.study, live.trial._trial_id, TELL[outcome.state], values, live.epochs, {INFO: info}
+                )
             except UpdateFinishedTrialError:
                 live.lost = True
         self.live.pop(outcome.number)
         if frozen is None:  # another process failed it and retries it: this attempt is void
-            close_trial_run(self.ctx.tracker, live.run_id, "interrupted", "its lease ran out while it trained; "
-                            "another process retried it")
+            close_trial_run(
+                self.ctx.tracker,
+                live.run_id,
+                "interrupted",
+                "its lease ran out while it trained; another process retried it",
+            )
             return
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
         log_sweep_dataset(self.ctx.tracker, self.spec, self.ctx.sweep, outcome.info)

@@ -31,7 +31,8 @@ from sweeper.track import sqlite
 
 METADATA = sa.MetaData()
 SWEEPS = sa.Table(
-    "sweeper_sweeps", METADATA,
+    "sweeper_sweeps",
+    METADATA,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("spec", sa.Text, nullable=False),  # JSON: the spec the sweep was started with
     sa.Column("state", sa.String(16), nullable=False),  # preparing | ready
@@ -47,7 +48,8 @@ SWEEPS = sa.Table(
     sa.Column("stop", sa.Boolean, nullable=False, default=False),
 )
 MEMBERS = sa.Table(
-    "sweeper_members", METADATA,
+    "sweeper_members",
+    METADATA,
     sa.Column("study", sa.String(512), primary_key=True),
     sa.Column("member", sa.String(128), primary_key=True),
     sa.Column("host", sa.String(255), nullable=False),
@@ -121,21 +123,41 @@ class Ledger:
             row = db.execute(sa.select(SWEEPS).where(SWEEPS.c.study == self.name)).mappings().first()
         if row is None:
             return None
-        return Sweep(spec=json.loads(row["spec"]), state=row["state"], preparer=row["preparer"],
-                     prepared=json.loads(row["prepared"]) if row["prepared"] else None,
-                     n_trials=row["n_trials"], timeout_s=row["timeout_s"], started_at=row["started_at"],
-                     batches=row["batches"], proposed=row["proposed"], batch_start=row["batch_start"],
-                     proposing=row["proposing"], stop=row["stop"])
+        return Sweep(
+            spec=json.loads(row["spec"]),
+            state=row["state"],
+            preparer=row["preparer"],
+            prepared=json.loads(row["prepared"]) if row["prepared"] else None,
+            n_trials=row["n_trials"],
+            timeout_s=row["timeout_s"],
+            started_at=row["started_at"],
+            batches=row["batches"],
+            proposed=row["proposed"],
+            batch_start=row["batch_start"],
+            proposing=row["proposing"],
+            stop=row["stop"],
+        )
 
     def create(self, spec: dict[str, Any], n_trials: int | None, timeout_s: float | None, existing: int = 0) -> bool:
         """Insert the sweep's row with this process preparing it; False if it exists already.
         ``existing``: trials the study holds already (made before it had a ledger)."""
         try:
             with self.engine.begin() as db:
-                db.execute(SWEEPS.insert().values(
-                    study=self.name, spec=json.dumps(spec), state="preparing", preparer=self.member,
-                    n_trials=n_trials, timeout_s=timeout_s, started_at=time.time(), batches=int(existing > 0),
-                    proposed=existing, batch_start=0, stop=False))
+                db.execute(
+                    SWEEPS.insert().values(
+                        study=self.name,
+                        spec=json.dumps(spec),
+                        state="preparing",
+                        preparer=self.member,
+                        n_trials=n_trials,
+                        timeout_s=timeout_s,
+                        started_at=time.time(),
+                        batches=int(existing > 0),
+                        proposed=existing,
+                        batch_start=0,
+                        stop=False,
+                    )
+                )
             return True
         except IntegrityError:
             return False
@@ -157,8 +179,9 @@ class Ledger:
     def restart(self, spec: dict[str, Any], n_trials: int | None, timeout_s: float | None) -> None:
         """`sweeper run` (re)starting the sweep: its spec and budget, the timeout counted from now,
         and no stop request."""
-        self._update(sa.true(), spec=json.dumps(spec), n_trials=n_trials, timeout_s=timeout_s,
-                     started_at=time.time(), stop=False)
+        self._update(
+            sa.true(), spec=json.dumps(spec), n_trials=n_trials, timeout_s=timeout_s, started_at=time.time(), stop=False
+        )
 
     def request_stop(self) -> bool:
         return self._update(sa.true(), stop=True)
@@ -168,15 +191,23 @@ class Ledger:
     def claim_batch(self, seen: Sweep, size: int) -> bool:
         """Claim batch ``seen.batches`` (slots ``seen.proposed`` .. +size) for this process to
         propose, holding the lock until it has enqueued them; False if another process was first."""
-        return self._update(sa.and_(SWEEPS.c.batches == seen.batches, SWEEPS.c.proposing.is_(None)),
-                            batches=seen.batches + 1, proposed=seen.proposed + size,
-                            batch_start=seen.proposed, proposing=self.member)
+        return self._update(
+            sa.and_(SWEEPS.c.batches == seen.batches, SWEEPS.c.proposing.is_(None)),
+            batches=seen.batches + 1,
+            proposed=seen.proposed + size,
+            batch_start=seen.proposed,
+            proposing=self.member,
+        )
 
     def claim_slot(self, seen: Sweep) -> bool:
         """Claim slot ``seen.proposed`` (reproducible: false proposes one trial at a time), holding
         the lock until its trial exists."""
-        return self._update(sa.and_(SWEEPS.c.proposed == seen.proposed, SWEEPS.c.proposing.is_(None)),
-                            proposed=seen.proposed + 1, batch_start=seen.proposed, proposing=self.member)
+        return self._update(
+            sa.and_(SWEEPS.c.proposed == seen.proposed, SWEEPS.c.proposing.is_(None)),
+            proposed=seen.proposed + 1,
+            batch_start=seen.proposed,
+            proposing=self.member,
+        )
 
     def release_slot(self) -> None:
         """Give back the slot claimed last (reproducible: false, when no trial was made for it)."""
@@ -200,23 +231,35 @@ class Ledger:
         now = time.time()
         host, pid, _ = self.member.split(":")
         with self.engine.begin() as db:
-            db.execute(MEMBERS.insert().values(study=self.name, member=self.member, host=host, pid=int(pid),
-                                               role=role, started_at=now, seen_at=now))
+            db.execute(
+                MEMBERS.insert().values(
+                    study=self.name, member=self.member, host=host, pid=int(pid), role=role, started_at=now, seen_at=now
+                )
+            )
 
     def heartbeat(self) -> None:
         with self.engine.begin() as db:
-            db.execute(MEMBERS.update().where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
-                       .values(seen_at=time.time()))
+            db.execute(
+                MEMBERS.update()
+                .where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
+                .values(seen_at=time.time())
+            )
 
     def leave(self) -> None:
         with self.engine.begin() as db:
-            db.execute(MEMBERS.update().where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
-                       .values(left_at=time.time()))
+            db.execute(
+                MEMBERS.update()
+                .where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
+                .values(left_at=time.time())
+            )
 
     def members(self) -> list[dict[str, Any]]:
         with self.engine.connect() as db:
-            rows = db.execute(sa.select(MEMBERS).where(MEMBERS.c.study == self.name)
-                              .order_by(MEMBERS.c.started_at)).mappings().all()
+            rows = (
+                db.execute(sa.select(MEMBERS).where(MEMBERS.c.study == self.name).order_by(MEMBERS.c.started_at))
+                .mappings()
+                .all()
+            )
         return [dict(r) for r in rows]
 
     def alive(self, member: str | None) -> bool:
@@ -269,6 +312,8 @@ def find(url: str, name: str | None, shown: Any = str) -> str:
     if name is None and len(names) == 1:
         return names[0]
     if name is None or name not in names:
-        raise UserError(f"{shown(url)} holds no sweep {repr(name) if name else ''}; it holds: "
-                        f"{', '.join(names) or 'none'}{'' if name else ' (name one with --name)'}")
+        raise UserError(
+            f"{shown(url)} holds no sweep {repr(name) if name else ''}; it holds: "
+            f"{', '.join(names) or 'none'}{'' if name else ' (name one with --name)'}"
+        )
     return name

@@ -46,8 +46,12 @@ class Recovery:
         self.next_check = time.monotonic() + max(POLL_S, self.spec.search.heartbeat_s / 2)
         sweep = self.ledger.read()
         holder = sweep.proposing
-        if holder is not None and holder != self.ledger.member and not self.ledger.alive(holder) \
-                and self.ledger.take_lock(holder):
+        if (
+            holder is not None
+            and holder != self.ledger.member
+            and not self.ledger.alive(holder)
+            and self.ledger.take_lock(holder)
+        ):
             self._repair(self.ledger.read())
             self.ledger.unlock()
         mine = {live.trial._trial_id for live in self.live.values()}
@@ -83,8 +87,9 @@ class Recovery:
                 self._enqueue_retry(t)
             # its process cannot close its run: FAILED (a lost machine is a failure, not a user's stop)
             close_trial_run(self.ctx.tracker, self._run_of(t), "interrupted", why, status="FAILED")
-            self.ctx.observer.note(f"trial {t.number} was lost ({why})" +
-                                   (": retried with the same parameters" if retry else ""))
+            self.ctx.observer.note(
+                f"trial {t.number} was lost ({why})" + (": retried with the same parameters" if retry else "")
+            )
         self.ledger.unlock()
 
     def _run_of(self, t: FrozenTrial) -> str | None:
@@ -101,9 +106,13 @@ class Recovery:
         attrs = t.user_attrs
         kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE) if k in attrs}
         sampler = {k: v for k, v in t.system_attrs.items() if not k.startswith("sweeper_") and k != "fixed_params"}
-        self.study.add_trial(create_trial(state=TrialState.WAITING, system_attrs={**sampler, "fixed_params": t.params},
-                                          user_attrs={**kept, RETRY_OF: t.number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1,
-                                                      **changes}))
+        self.study.add_trial(
+            create_trial(
+                state=TrialState.WAITING,
+                system_attrs={**sampler, "fixed_params": t.params},
+                user_attrs={**kept, RETRY_OF: t.number, ATTEMPT: attrs.get(ATTEMPT, 1) + 1, **changes},
+            )
+        )
 
     def _retry_oom(self, live: Any, reason: str) -> str:
         """Queue a trial out of memory again, train.accumulate doubled, before it is told (its batch
@@ -145,8 +154,9 @@ class Recovery:
             self.ledger.lock()
         elif missing:
             proposed = self._batch_params(sweep.batch_start, sweep.proposed - sweep.batch_start)
-            self._enqueue([(proposed[slot - sweep.batch_start], {SLOT: slot, BATCH: sweep.batch_start})
-                           for slot in missing])
+            self._enqueue(
+                [(proposed[slot - sweep.batch_start], {SLOT: slot, BATCH: sweep.batch_start}) for slot in missing]
+            )
 
 
 def _lost_reason(t: FrozenTrial) -> str:

@@ -5,9 +5,10 @@ and time left; optuna-dashboard on its study."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -69,17 +70,38 @@ def report(url: str, name: str) -> dict[str, Any]:
     if deadline is not None:
         eta_s = min(eta_s, max(0.0, deadline - now)) if eta_s is not None else max(0.0, deadline - now)
     return {
-        "name": name, "storage": safe_url(url), "stop_requested": sweep.stop,
-        "state": "stopping" if sweep.stop and counts.get("running") else "stopped" if sweep.stop else
-                 "done" if to_go == 0 or (deadline is not None and now >= deadline and not unfinished) else "running",
-        "budget": {"n_trials": cap, "claimed": sweep.proposed, "timeout_s": sweep.timeout_s,
-                   "timeout_left_s": None if deadline is None else max(0.0, deadline - now)},
-        "counts": counts, "trials_per_min": per_min, "time_left_s": eta_s,
+        "name": name,
+        "storage": safe_url(url),
+        "stop_requested": sweep.stop,
+        "state": "stopping"
+        if sweep.stop and counts.get("running")
+        else "stopped"
+        if sweep.stop
+        else "done"
+        if to_go == 0 or (deadline is not None and now >= deadline and not unfinished)
+        else "running",
+        "budget": {
+            "n_trials": cap,
+            "claimed": sweep.proposed,
+            "timeout_s": sweep.timeout_s,
+            "timeout_left_s": None if deadline is None else max(0.0, deadline - now),
+        },
+        "counts": counts,
+        "trials_per_min": per_min,
+        "time_left_s": eta_s,
         "last_finished": finished[-1].isoformat(timespec="seconds") if finished else None,
-        "processes": [{"member": m["member"], "role": m["role"], "host": m["host"], "pid": m["pid"],
-                       "seen_s_ago": round(now - m["seen_at"], 1),
-                       "alive": m["left_at"] is None and now - m["seen_at"] < lease_s,
-                       "holds": held.get(m["member"], [])} for m in members],
+        "processes": [
+            {
+                "member": m["member"],
+                "role": m["role"],
+                "host": m["host"],
+                "pid": m["pid"],
+                "seen_s_ago": round(now - m["seen_at"], 1),
+                "alive": m["left_at"] is None and now - m["seen_at"] < lease_s,
+                "holds": held.get(m["member"], []),
+            }
+            for m in members
+        ],
     }
 
 
@@ -105,11 +127,14 @@ def dashboard(url: str, name: str, host: str, port: int, say: Callable[[str], No
     try:
         import optuna_dashboard
     except ModuleNotFoundError:
-        raise UserError("sweeper dashboard needs optuna-dashboard: pip install 'optuna-dashboard>=0.17,<0.22' "
-                        "(or sweeper[deploy])") from None
+        raise UserError(
+            "sweeper dashboard needs optuna-dashboard: pip install 'optuna-dashboard>=0.17,<0.22' (or sweeper[deploy])"
+        ) from None
     study_id = optuna.load_study(study_name=name, storage=url)._study_id
-    say(f"optuna-dashboard: sweep '{name}' ({safe_url(url)}) at http://{host}:{port}/dashboard/studies/{study_id} "
-        "(Ctrl-C stops it)")
+    say(
+        f"optuna-dashboard: sweep '{name}' ({safe_url(url)}) at http://{host}:{port}/dashboard/studies/{study_id} "
+        "(Ctrl-C stops it)"
+    )
     optuna_dashboard.run_server(url, host=host, port=port)
 
 
@@ -122,16 +147,22 @@ def show(info: dict[str, Any], out: Any) -> None:
     rate = f"{info['trials_per_min']:.2f} trials/min" if info["trials_per_min"] else "-"
     left = f"{info['time_left_s'] / 60:.1f} min" if info["time_left_s"] is not None else "-"
     out.print(f"[bold]sweep '{info['name']}'[/] in {info['storage']}: {info['state']}")
-    out.print(f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
-              + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else ""))
+    out.print(
+        f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
+        + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else "")
+    )
     out.print(f"  trials     {counts}")
-    out.print(f"  throughput {rate} (last finished {since(info['last_finished'])}); "
-              f"time left about {left}")
+    out.print(f"  throughput {rate} (last finished {since(info['last_finished'])}); time left about {left}")
     table = Table("process", "role", "alive", "last heartbeat", "holds", box=None, padding=(0, 2))
     alive = [p for p in info["processes"] if p["alive"]]
     for p in alive:
-        table.add_row(p["member"], p["role"], "yes" if p["alive"] else "no", f"{p['seen_s_ago']:.0f} s ago",
-                      ", ".join(p["holds"]) or "-")
+        table.add_row(
+            p["member"],
+            p["role"],
+            "yes" if p["alive"] else "no",
+            f"{p['seen_s_ago']:.0f} s ago",
+            ", ".join(p["holds"]) or "-",
+        )
     if alive:
         out.print(table)
     gone = len(info["processes"]) - len(alive)

@@ -14,17 +14,26 @@ from typing import Any
 from sweeper.errors import UserError
 from sweeper.search.optuna import study as studies
 from sweeper.search.optuna.lease import Heartbeat
-from sweeper.search.optuna.ledger import Ledger, Sweep
-from sweeper.search.optuna.ledger import find
+from sweeper.search.optuna.ledger import Ledger, Sweep, find
 from sweeper.search.state import Prepare, Prepared
 from sweeper.spec import SweepSpec
 
 WAIT_S = 0.5  # how often a joining process looks whether the sweep is prepared
 # Spec fields each process may set for itself: they change where or how fast it trains, or the
 # budget (which `sweeper run` sets for everyone), not which trials the sweep runs.
-PER_PROCESS = {("search", "parallel"), ("search", "n_trials"), ("search", "timeout"), ("search", "storage"),
-               ("search", "heartbeat_s"), ("search", "lease_s"), ("search", "artifact_root"),
-               ("train", "device"), ("train", "cpu_threads"), ("export",), ("tracking",)}
+PER_PROCESS = {
+    ("search", "parallel"),
+    ("search", "n_trials"),
+    ("search", "timeout"),
+    ("search", "storage"),
+    ("search", "heartbeat_s"),
+    ("search", "lease_s"),
+    ("search", "artifact_root"),
+    ("train", "device"),
+    ("train", "cpu_threads"),
+    ("export",),
+    ("tracking",),
+}
 
 
 def trial_defining(spec: dict[str, Any]) -> dict[str, Any]:
@@ -86,9 +95,11 @@ class LedgerStore:
             sweep = self._read()
             changed = differences(trial_defining(sweep.spec), trial_defining(mine))
             if changed:
-                raise UserError(f"search.storage {studies.safe_url(self.url)} holds sweep '{spec.name}' with other "
-                                f"trials than this spec defines: {'; '.join(changed[:5])}. Use the sweep's spec "
-                                f"(`sweeper worker --study URL` reads it from the database), or another name")
+                raise UserError(
+                    f"search.storage {studies.safe_url(self.url)} holds sweep '{spec.name}' with other "
+                    f"trials than this spec defines: {'; '.join(changed[:5])}. Use the sweep's spec "
+                    f"(`sweeper worker --study URL` reads it from the database), or another name"
+                )
             if sweep.state == "ready":
                 prepared = Prepared.model_validate(sweep.prepared)
                 if role == "run":  # `sweeper run` sets the budget and restarts the timeout for everyone

@@ -3,9 +3,9 @@ trials a killed process left running, and a finished trial as a TrialRecord."""
 
 from __future__ import annotations
 
-from pathlib import Path
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -21,8 +21,13 @@ from sweeper.trial.seeding import sampler_seed
 INFO = "sweeper"  # user attr: seed, reason, run id, per-epoch history, provenance
 INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died: why
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-STATE = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-         TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
+STATE = {
+    TrialState.COMPLETE: "complete",
+    TrialState.PRUNED: "pruned",
+    TrialState.FAIL: "failed",
+    TrialState.RUNNING: "running",
+    TrialState.WAITING: "waiting",
+}
 TELL = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
 # user attrs set when a trial is created; a retry copies them
 SLOT = "sweeper_slot"  # the trial's place in the budget: its seed (and, reproducible, its batch) follow
@@ -46,22 +51,30 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
     database's clock); sweeper renews and checks them itself (lease.py), since Optuna does only
     inside study.optimize."""
     sqlite.install()  # WAL: a commit without a sync to disk
-    kwargs = {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    kwargs = (
+        {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )
     for attempt in range(CREATE_ATTEMPTS):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=spec.search.heartbeat_s,
-                                                  grace_period=spec.search.lease_s)
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=kwargs,
+                    heartbeat_interval=spec.search.heartbeat_s,
+                    grace_period=spec.search.lease_s,
+                )
             except ModuleNotFoundError as exc:  # a database driver (psycopg) is not installed
-                raise UserError(f"search.storage: {exc.name} is needed for {url.split(':')[0]}; "
-                                f"install sweeper[postgres]") from None
+                raise UserError(
+                    f"search.storage: {exc.name} is needed for {url.split(':')[0]}; install sweeper[postgres]"
+                ) from None
             except Exception as exc:  # unreachable server, unknown database, bad credentials
                 if "already exists" in str(exc) and attempt + 1 < CREATE_ATTEMPTS:
                     time.sleep(0.2 * (attempt + 1))  # another process created Optuna's tables just now
                     continue
-                raise UserError(f"search.storage: cannot open {safe_url(url)}: {type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0]}") from None
+                raise UserError(
+                    f"search.storage: cannot open {safe_url(url)}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                ) from None
     raise AssertionError("unreachable")
 
 
@@ -88,10 +101,15 @@ def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
     if search.sampler == "grid":
         return _Grid({path: sp.grid_values(path, p) for path, p in search.space.items()}, seed=seed)
     if search.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **({"population_size": search.population}
-                                                            if search.population else {}))
-    factories = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
-                 "cmaes": optuna.samplers.CmaEsSampler, "gp": optuna.samplers.GPSampler}
+        return optuna.samplers.NSGAIISampler(
+            seed=seed, **({"population_size": search.population} if search.population else {})
+        )
+    factories = {
+        "tpe": optuna.samplers.TPESampler,
+        "random": optuna.samplers.RandomSampler,
+        "cmaes": optuna.samplers.CmaEsSampler,
+        "gp": optuna.samplers.GPSampler,
+    }
     return factories[search.sampler](seed=seed)
 
 
@@ -107,8 +125,9 @@ def make_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     if p.type == "asha":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_epochs, reduction_factor=p.reduction_factor)
     if p.type == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=p.min_epochs, max_resource=spec.train.epochs,
-                                              reduction_factor=p.reduction_factor)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=p.min_epochs, max_resource=spec.train.epochs, reduction_factor=p.reduction_factor
+        )
     return optuna.pruners.NopPruner()
 
 
@@ -116,10 +135,14 @@ def open_study(spec: SweepSpec, out_dir: Path) -> optuna.Study:
     url = storage_url(spec, out_dir)
     for attempt in range(CREATE_ATTEMPTS):
         try:
-            study = optuna.create_study(study_name=spec.name, storage=make_storage(url, spec),
-                                        sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
-                                        pruner=make_pruner(spec), directions=directions(spec),
-                                        load_if_exists=True)
+            study = optuna.create_study(
+                study_name=spec.name,
+                storage=make_storage(url, spec),
+                sampler=make_sampler(spec, sampler_seed(spec.seed, 0)),
+                pruner=make_pruner(spec),
+                directions=directions(spec),
+                load_if_exists=True,
+            )
             describe(study, spec)
             return study
         except optuna.exceptions.DuplicatedStudyError:
@@ -160,7 +183,19 @@ def record(t: FrozenTrial) -> TrialRecord:
     history = info.get("history", [])
     values = info.get("values", {}) if t.state == TrialState.COMPLETE else {}
     value = t.values[0] if t.values and len(t.values) == 1 else info.get("value")
-    return TrialRecord(number=t.number, state=STATE.get(t.state, "failed"), params=t.params, value=value,
-                       values=values, footprint=info.get("footprint", {}), seed=info.get("seed"), reason=reason, epochs=len(history), seconds=info.get("seconds"),
-                       device=info.get("device"), mlflow_run_id=info.get("mlflow_run_id"),
-                       history=history, fused_with=info.get("fused_with", []))
+    return TrialRecord(
+        number=t.number,
+        state=STATE.get(t.state, "failed"),
+        params=t.params,
+        value=value,
+        values=values,
+        footprint=info.get("footprint", {}),
+        seed=info.get("seed"),
+        reason=reason,
+        epochs=len(history),
+        seconds=info.get("seconds"),
+        device=info.get("device"),
+        mlflow_run_id=info.get("mlflow_run_id"),
+        history=history,
+        fused_with=info.get("fused_with", []),
+    )

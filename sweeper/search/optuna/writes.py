@@ -1,8 +1,8 @@
 """A trial's writes to the Optuna study, grouped into one transaction each where Optuna's public
 calls take one a write: creating a batch's trials, claiming a trial (RUNNING, its owner, its
 first heartbeat), the epochs it has done and its lease's renewal (``beat``), and finishing it
-(every epoch's value, its info, its state and value). Each of Optuna's calls took 1-6 ms on this project's 2-core machine
-(sqlite), and a trial made about twelve of them, one more per epoch.
+(every epoch's value, its info, its state and value). Each of Optuna's calls took 1-6 ms on this project's
+2-core machine (sqlite), and a trial made about twelve of them, one more per epoch.
 
 The rows are Optuna's, written with RDBStorage's own helpers (``_set_trial_attr_without_commit``,
 ``_set_trial_value_without_commit``) and models; the locking is that of Optuna's
@@ -85,16 +85,23 @@ def beat(study: optuna.Study, trial_id: int, epochs: dict[int, float], renew: bo
             _heartbeat(session, trial_id)
 
 
-def finish(study: optuna.Study, trial_id: int, state: TrialState, values: list[float] | None,
-           epochs: dict[int, float], user_attrs: dict[str, Any]) -> FrozenTrial:
+def finish(
+    study: optuna.Study,
+    trial_id: int,
+    state: TrialState,
+    values: list[float] | None,
+    epochs: dict[int, float],
+    user_attrs: dict[str, Any],
+) -> FrozenTrial:
     """The trial's end, as ``study.tell`` records it (a pruned trial's value is its last epoch's),
     with ``epochs``' values and ``user_attrs``; ``values``: one per objective of the study.
     UpdateFinishedTrialError when another process has finished the trial already (its lease ran out)."""
     if state == TrialState.PRUNED and epochs:
         last = epochs[max(epochs)]
         values = [last] if not math.isnan(last) else None
-    if state == TrialState.COMPLETE and (not values or len(values) != len(study.directions)
-                                         or any(math.isnan(v) for v in values)):
+    if state == TrialState.COMPLETE and (
+        not values or len(values) != len(study.directions) or any(math.isnan(v) for v in values)
+    ):
         raise ValueError(f"a complete trial needs {len(study.directions)} values, not {values}")  # as study.tell
     study._thread_local.cached_all_trials = None  # as study.tell: the study's cache of its trials
     rdb = _rdb(study)

@@ -46,7 +46,8 @@ def storage_path(spec: SweepSpec, out_dir: Path, addr: str | None, nodes: int = 
             f"{where} runs trials on other machines, which cannot write there or "
             f"read each other's checkpoints; expected shared storage that every node reaches: an "
             f"s3://bucket/prefix or gs://bucket/prefix URI, or file:///mnt/shared/... on a file system "
-            f"mounted at that path on every node")
+            f"mounted at that path on every node"
+        )
     return str(Path(path).resolve() if path else (out_dir / "ray").resolve())
 
 
@@ -56,14 +57,18 @@ def check_tracking(uri: str | None, addr: str | None) -> None:
         raise UserError(
             f"tracking.mlflow_uri: {uri!r} is a store on this machine, but the trials run on the Ray "
             f"cluster at {addr} and log from there; expected an MLflow server every node reaches, "
-            f"e.g. http://mlflow.internal:5000 (or tracking.enabled: false)")
+            f"e.g. http://mlflow.internal:5000 (or tracking.enabled: false)"
+        )
 
 
 def use_auth_token() -> None:
     """Ray does not turn token authentication on for an explicit address: do as `ray start
     --head` does and use the token when one is configured (a cluster without auth ignores it)."""
-    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
-        (Path.home() / ".ray" / "auth_token").is_file()
+    token = (
+        os.environ.get("RAY_AUTH_TOKEN")
+        or os.environ.get("RAY_AUTH_TOKEN_PATH")
+        or (Path.home() / ".ray" / "auth_token").is_file()
+    )
     if "RAY_AUTH_MODE" not in os.environ and token:
         os.environ["RAY_AUTH_MODE"] = "token"
 
@@ -83,9 +88,14 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
         # worker_niceness 0: trials are this Ray's work. Ray's default (15) has them yield to anything
         # else on the machine: under a 2-process load (../shared/tools/busy 2) a trial actor took
         # 3 minutes to start and the 3-trial breaker test over 600 s, against 56 s on a quiet machine.
-        ray.init(address="local", num_cpus=spec.search.ray.num_cpus or cpu_cores(), include_dashboard=False,
-                 object_store_memory=spec.search.ray.object_store_mb * 2**20,
-                 _system_config={"worker_niceness": 0}, **quiet)
+        ray.init(
+            address="local",
+            num_cpus=spec.search.ray.num_cpus or cpu_cores(),
+            include_dashboard=False,
+            object_store_memory=spec.search.ray.object_store_mb * 2**20,
+            _system_config={"worker_niceness": 0},
+            **quiet,
+        )
         return
     use_auth_token()
     ray.init(address=addr, **quiet)

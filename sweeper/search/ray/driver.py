@@ -15,8 +15,9 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sweeper.search import checkpoints, faults
 from sweeper.search.backend import SearchContext, SearchResult
@@ -34,8 +35,19 @@ from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
 
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
-OWN_KEYS = ("epoch", "done", "trial_id", "sweeper_number", "sweeper_state", "mlflow_run_id", "node_id",
-            "seconds", "device", "should_checkpoint", *FOOTPRINT_METRICS)  # the footprint: the last result's
+OWN_KEYS = (
+    "epoch",
+    "done",
+    "trial_id",
+    "sweeper_number",
+    "sweeper_state",
+    "mlflow_run_id",
+    "node_id",
+    "seconds",
+    "device",
+    "should_checkpoint",
+    *FOOTPRINT_METRICS,
+)  # the footprint: the last result's
 EVENTS: Callable[[TrialEvent], None] | None = None  # the observer's event sink, set by run()
 ENDED: list[TrialRecord] = []  # trials ended in this run, in the order Tune reported them
 STOPPED: str | None = None  # the circuit breaker's error, once it trips (faults.breaker_trips)
@@ -76,16 +88,28 @@ def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
         from sweeper.search.optuna.study import make_sampler
 
         goals = spec.goals  # several: Optuna's multi-objective study, told every value at the trial's end
-        metric, mode = ([g.metric for g in goals], [_mode(g) for g in goals]) if len(goals) > 1 else \
-            (spec.objective.metric, _mode(spec.objective))
-        return OptunaSearch(DefineByRun(search.space), metric=metric, mode=mode,
-                            sampler=make_sampler(spec, sampler_seed(spec.seed, 0))), {}
-    return (BasicVariantGenerator(random_state=derive(spec.seed, "sweep")),
-            param_space(search.space, grid=search.sampler == "grid"))
+        metric, mode = (
+            ([g.metric for g in goals], [_mode(g) for g in goals])
+            if len(goals) > 1
+            else (spec.objective.metric, _mode(spec.objective))
+        )
+        return OptunaSearch(
+            DefineByRun(search.space), metric=metric, mode=mode, sampler=make_sampler(spec, sampler_seed(spec.seed, 0))
+        ), {}
+    return (
+        BasicVariantGenerator(random_state=derive(spec.seed, "sweep")),
+        param_space(search.space, grid=search.sampler == "grid"),
+    )
 
 
-def record(spec: SweepSpec, number: int, config: dict[str, Any], last: dict[str, Any],
-           history: list[dict[str, float]], error: Any = None) -> TrialRecord:
+def record(
+    spec: SweepSpec,
+    number: int,
+    config: dict[str, Any],
+    last: dict[str, Any],
+    history: list[dict[str, float]],
+    error: Any = None,
+) -> TrialRecord:
     """A trial as summary.json and the progress table show it, from its last Tune result."""
     metric = spec.objective.metric
     epochs = int(last.get("epoch") or 0)
@@ -101,13 +125,23 @@ def record(spec: SweepSpec, number: int, config: dict[str, Any], last: dict[str,
     if state == "complete" and len(values) < len(spec.goals):
         state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
         values = {}
-    return TrialRecord(number=number, state=state, params=trial_params(spec.search.space, config),
-                       value=last.get(metric) if state == "complete" else None, values=values,
-                       footprint={k: float(last[k]) for k in FOOTPRINT_METRICS if k in last},
-                       seed=trial_seed(spec.seed, number),
-                       reason=reason, epochs=epochs, seconds=last.get("seconds", last.get("time_total_s")),
-                       device=last.get("device"), mlflow_run_id=last.get("mlflow_run_id") or None,
-                       node_id=last.get("node_id"), node_ip=last.get("node_ip"), history=history)
+    return TrialRecord(
+        number=number,
+        state=state,
+        params=trial_params(spec.search.space, config),
+        value=last.get(metric) if state == "complete" else None,
+        values=values,
+        footprint={k: float(last[k]) for k in FOOTPRINT_METRICS if k in last},
+        seed=trial_seed(spec.seed, number),
+        reason=reason,
+        epochs=epochs,
+        seconds=last.get("seconds", last.get("time_total_s")),
+        device=last.get("device"),
+        mlflow_run_id=last.get("mlflow_run_id") or None,
+        node_id=last.get("node_id"),
+        node_ip=last.get("node_ip"),
+        history=history,
+    )
 
 
 def _events_callback(spec: SweepSpec) -> Any:
@@ -171,12 +205,18 @@ def _history(result: Any) -> list[dict[str, float]]:
 
     frame = result.metrics_dataframe
     rows: dict[int, dict[str, float]] = {}
-    for row in ([] if frame is None else frame.to_dict("records")):
+    for row in [] if frame is None else frame.to_dict("records"):
         if row.get("epoch") is None or (isinstance(row["epoch"], float) and math.isnan(row["epoch"])):
             continue
-        rows[int(row["epoch"])] = {k: float(v) for k, v in row.items()
-                                   if k not in AUTO_RESULT_KEYS and k not in OWN_KEYS and "/" not in k
-                                   and isinstance(v, (int, float)) and not math.isnan(v)}
+        rows[int(row["epoch"])] = {
+            k: float(v)
+            for k, v in row.items()
+            if k not in AUTO_RESULT_KEYS
+            and k not in OWN_KEYS
+            and "/" not in k
+            and isinstance(v, (int, float))
+            and not math.isnan(v)
+        }
     return [rows[e] for e in sorted(rows)]
 
 
@@ -205,14 +245,22 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
         restoring = tune.Tuner.can_restore(experiment)
         interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
         for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
-            close_trial_run(tracker, run_id, "interrupted", "the sweep stopped while this trial ran; the re-run "
-                                                           "restarted it")
+            close_trial_run(
+                tracker, run_id, "interrupted", "the sweep stopped while this trial ran; the re-run restarted it"
+            )
         if restoring:
-            ctx.observer.note(f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) "
-                              f"restarted)")
-        context = Context(spec, tracker.uri, tracker.experiment, ctx.sweep, threads_per_trial(spec),
-                          None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
-                          checkpoint_every(spec))
+            ctx.observer.note(
+                f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) restarted)"
+            )
+        context = Context(
+            spec,
+            tracker.uri,
+            tracker.experiment,
+            ctx.sweep,
+            threads_per_trial(spec),
+            None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
+            checkpoint_every(spec),
+        )
         gpu = spec.search.resources.gpu
         if gpu is None:  # unset: one GPU per trial where the cluster has GPUs (see ResourcesSpec)
             gpu = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
@@ -220,11 +268,13 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
         fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
         searcher, space = make_searcher(spec)
         if restoring:
-            tuner = tune.Tuner.restore(experiment, trainable=fn, param_space=space,
-                                       resume_unfinished=True, resume_errored=False)
+            tuner = tune.Tuner.restore(
+                experiment, trainable=fn, param_space=space, resume_unfinished=True, resume_errored=False
+            )
         else:
-            tuner = tune.Tuner(fn, param_space=space, tune_config=_tune_config(spec, searcher),
-                               run_config=_run_config(spec, storage))
+            tuner = tune.Tuner(
+                fn, param_space=space, tune_config=_tune_config(spec, searcher), run_config=_run_config(spec, storage)
+            )
         if spec.search.pruner.type == "pbt":
             # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
             # which trial exploits which still depends on the order results arrive in.
@@ -250,19 +300,31 @@ def _tune_config(spec: SweepSpec, searcher: Any) -> Any:
 
     search = spec.search
     samples = 1 if search.sampler == "grid" else (search.n_trials or -1)  # grid: every point once
-    return tune.TuneConfig(metric=spec.objective.metric, mode=_mode(spec.objective),
-                           search_alg=searcher, scheduler=make_scheduler(spec), num_samples=samples,
-                           max_concurrent_trials=search.ray.max_concurrent_trials, reuse_actors=search.ray.reuse_actors,
-                           time_budget_s=search.timeout, trial_dirname_creator=trial_dirname)
+    return tune.TuneConfig(
+        metric=spec.objective.metric,
+        mode=_mode(spec.objective),
+        search_alg=searcher,
+        scheduler=make_scheduler(spec),
+        num_samples=samples,
+        max_concurrent_trials=search.ray.max_concurrent_trials,
+        reuse_actors=search.ray.reuse_actors,
+        time_budget_s=search.timeout,
+        trial_dirname_creator=trial_dirname,
+    )
 
 
 def _run_config(spec: SweepSpec, storage: str) -> Any:
     from ray import tune
 
-    return tune.RunConfig(name=spec.name, storage_path=storage, verbose=0, callbacks=[_events_callback(spec)],
-                          stop=_breaker(),
-                          failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
-                          checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)))
+    return tune.RunConfig(
+        name=spec.name,
+        storage_path=storage,
+        verbose=0,
+        callbacks=[_events_callback(spec)],
+        stop=_breaker(),
+        failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)),
+    )
 
 
 def _number(result: Any) -> int:
@@ -274,8 +336,9 @@ def _result_record(spec: SweepSpec, result: Any) -> TrialRecord:
     meta = read_meta(result.checkpoint) if result.checkpoint else None
     if meta and meta["epoch"] == rec.epochs:
         # the trial's lineage: under PBT, the epochs before an exploit are the donor's
-        rec = rec.model_copy(update={"history": meta["history"], "restarts": meta["restarts"],
-                                     "exploits": meta["exploits"]})
+        rec = rec.model_copy(
+            update={"history": meta["history"], "restarts": meta["restarts"], "exploits": meta["exploits"]}
+        )
     return rec
 
 

@@ -30,15 +30,22 @@ def make_scheduler(spec: SweepSpec) -> Any:
 
     p, epochs = spec.search.pruner, spec.train.epochs
     if p.type == "asha":
-        return s.ASHAScheduler(time_attr="training_iteration", max_t=epochs, grace_period=p.min_epochs,
-                               reduction_factor=p.reduction_factor)
+        return s.ASHAScheduler(
+            time_attr="training_iteration", max_t=epochs, grace_period=p.min_epochs, reduction_factor=p.reduction_factor
+        )
     if p.type == "hyperband":  # the asynchronous variant: Tune's HyperBand pauses trials
         brackets = int(math.log(max(1, epochs / p.min_epochs), p.reduction_factor)) + 1
-        return s.AsyncHyperBandScheduler(time_attr="training_iteration", max_t=epochs, grace_period=p.min_epochs,
-                                         reduction_factor=p.reduction_factor, brackets=brackets)
+        return s.AsyncHyperBandScheduler(
+            time_attr="training_iteration",
+            max_t=epochs,
+            grace_period=p.min_epochs,
+            reduction_factor=p.reduction_factor,
+            brackets=brackets,
+        )
     if p.type == "median":
-        return s.MedianStoppingRule(time_attr="training_iteration", grace_period=p.min_epochs,
-                                    min_samples_required=max(1, p.startup_trials))
+        return s.MedianStoppingRule(
+            time_attr="training_iteration", grace_period=p.min_epochs, min_samples_required=max(1, p.startup_trials)
+        )
     if p.type == "pbt":
         return _pbt(spec)
     return s.FIFOScheduler()
@@ -83,6 +90,11 @@ def _pbt(spec: SweepSpec) -> Any:
 
     p, space = spec.search.pruner, spec.search.space
     mutations = {path: mutation(space[path]) for path in spec.search.pbt_mutations()}
-    return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=p.perturbation_interval,
-                                   quantile_fraction=p.quantile_fraction, hyperparam_mutations=mutations,
-                                   custom_explore_fn=FitToSpace({k: space[k] for k in mutations}), synch=p.synch)
+    return PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=p.perturbation_interval,
+        quantile_fraction=p.quantile_fraction,
+        hyperparam_mutations=mutations,
+        custom_explore_fn=FitToSpace({k: space[k] for k in mutations}),
+        synch=p.synch,
+    )

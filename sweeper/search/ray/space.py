@@ -17,8 +17,11 @@ def domain(param: sp.Param) -> Any:
     if isinstance(param, sp.IntParam):  # randint's upper bound is exclusive, qrandint's inclusive
         if param.log:
             return tune.lograndint(param.low, param.high + 1)
-        return tune.qrandint(param.low, param.high, param.step) if param.step != 1 \
+        return (
+            tune.qrandint(param.low, param.high, param.step)
+            if param.step != 1
             else tune.randint(param.low, param.high + 1)
+        )
     if param.log:
         return tune.loguniform(param.low, param.high)
     return tune.quniform(param.low, param.high, param.step) if param.step else tune.uniform(param.low, param.high)

@@ -32,12 +32,16 @@ def submit(spec_path: Path, overrides: list[str], address: str, out: str | None,
 
     sweep = load(spec_path, overrides)
     if sweep.search.backend != "ray":
-        raise UserError(f"{spec_path}: search.backend is '{sweep.search.backend}'; `sweeper submit` runs the "
-                        f"sweep as a Ray job, which expects search.backend: ray (add the override "
-                        f"search.backend=ray)")
+        raise UserError(
+            f"{spec_path}: search.backend is '{sweep.search.backend}'; `sweeper submit` runs the "
+            f"sweep as a Ray job, which expects search.backend: ray (add the override "
+            f"search.backend=ray)"
+        )
     if not address.startswith(("http://", "https://")):
-        raise UserError(f"--address {address!r}: expected the Ray dashboard's URL, e.g. http://HEAD:8265 "
-                        f"(the Jobs API; not the GCS address HEAD:6379)")
+        raise UserError(
+            f"--address {address!r}: expected the Ray dashboard's URL, e.g. http://HEAD:8265 "
+            f"(the Jobs API; not the GCS address HEAD:6379)"
+        )
     from ray.job_submission import JobSubmissionClient
 
     from sweeper.search.ray.cluster import use_auth_token
@@ -47,8 +51,10 @@ def submit(spec_path: Path, overrides: list[str], address: str, out: str | None,
     # It runs the sweep from the output folder: Ray may delete the job's working directory while
     # the job runs (seen with Ray 2.60 at the end of Tuner.fit), so the spec is copied out first.
     q = shlex.quote(out)
-    entrypoint = (f"mkdir -p {q} && cp spec.yaml {q}/submitted-spec.yaml && cd {q} && "
-                  f"{shlex.quote(python)} -m sweeper run submitted-spec.yaml --quiet --out {q}")
+    entrypoint = (
+        f"mkdir -p {q} && cp spec.yaml {q}/submitted-spec.yaml && cd {q} && "
+        f"{shlex.quote(python)} -m sweeper run submitted-spec.yaml --quiet --out {q}"
+    )
     env = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI",) if k in os.environ}
     use_auth_token()
     try:
@@ -57,6 +63,8 @@ def submit(spec_path: Path, overrides: list[str], address: str, out: str | None,
             client = JobSubmissionClient(address)
             job_id = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": folder, "env_vars": env})
     except (ConnectionError, RuntimeError) as exc:
-        raise UserError(f"--address {address}: cannot submit the job ({str(exc).splitlines()[0][:300]}); "
-                        f"expected a running Ray cluster's dashboard at that URL") from None
+        raise UserError(
+            f"--address {address}: cannot submit the job ({str(exc).splitlines()[0][:300]}); "
+            f"expected a running Ray cluster's dashboard at that URL"
+        ) from None
     return Submitted(job_id, out, f"ray job logs --follow --address {address} {job_id}")

@@ -99,10 +99,17 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         out, start = Path(tmp) / "out", Path(tmp) / "start"  # what this trial reports; where it starts
         out.mkdir()
         previous = _fetch(tune.get_checkpoint(), start)
-        task = TrialConfig(number, trial_seed(base.seed, number), params, spec, context.threads, str(out / MODEL),
-                           checkpoint_every=context.checkpoint_every,
-                           resume=str(start / MODEL) if previous else None,
-                           new_hyperparameters=previous is not None and previous["trial_id"] != trial_id)
+        task = TrialConfig(
+            number,
+            trial_seed(base.seed, number),
+            params,
+            spec,
+            context.threads,
+            str(out / MODEL),
+            checkpoint_every=context.checkpoint_every,
+            resume=str(start / MODEL) if previous else None,
+            new_hyperparameters=previous is not None and previous["trial_id"] != trial_id,
+        )
         lineage = _open_run(tracker, context, task, previous, trial_id, {"ray_node_id": node_id})
         run_id = lineage["mlflow_run_id"]
         ids = {"sweeper_number": number, "mlflow_run_id": run_id or "", "node_id": node_id}
@@ -119,8 +126,10 @@ def trainable(config: dict[str, Any], context: Context) -> None:
             tracker.log_metrics(run_id, epoch, metrics)
             lineage["history"].append(metrics)
             if epoch < spec.train.epochs:
-                tune.report({**metrics, "epoch": epoch, **ids},  # returns only if Tune lets it go on
-                            checkpoint=checkpoint(epoch) if saves_state(task, epoch) else None)
+                tune.report(
+                    {**metrics, "epoch": epoch, **ids},  # returns only if Tune lets it go on
+                    checkpoint=checkpoint(epoch) if saves_state(task, epoch) else None,
+                )
             else:
                 last.update(metrics, epoch=epoch)  # reported below, together with the final checkpoint
             return False  # Tune stops trials itself (see the module docstring)
@@ -132,9 +141,18 @@ def trainable(config: dict[str, Any], context: Context) -> None:
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
         # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
-        tune.report({**last, **ids, **outcome.info.get("footprint", {}), "sweeper_state": "complete",
-                     "seconds": outcome.info["seconds"],
-                     "device": outcome.info["device"], "done": True}, checkpoint=checkpoint(spec.train.epochs))
+        tune.report(
+            {
+                **last,
+                **ids,
+                **outcome.info.get("footprint", {}),
+                "sweeper_state": "complete",
+                "seconds": outcome.info["seconds"],
+                "device": outcome.info["device"],
+                "done": True,
+            },
+            checkpoint=checkpoint(spec.train.epochs),
+        )
 
 
 def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
@@ -146,29 +164,57 @@ def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
     return json.loads(meta.read_text()) if meta.exists() else None
 
 
-def _open_run(tracker: Tracker, context: Context, task: TrialConfig, previous: dict[str, Any] | None,
-              trial_id: str, tags: dict[str, str]) -> dict[str, Any]:
+def _open_run(
+    tracker: Tracker,
+    context: Context,
+    task: TrialConfig,
+    previous: dict[str, Any] | None,
+    trial_id: str,
+    tags: dict[str, str],
+) -> dict[str, Any]:
     """The trial's MLflow run and lineage: a new run; the same run again when the trial resumes
     from its own checkpoint; a new run that starts with the donor's history after a PBT exploit."""
     tags = {**tags, "ray_trial_id": trial_id, "pid": str(os.getpid())}  # pid: the process to look at
-    lineage: dict[str, Any] = {"trial_id": trial_id, "number": task.number, "params": task.params,
-                               "restarts": 0, "exploits": [], "history": []}
+    lineage: dict[str, Any] = {
+        "trial_id": trial_id,
+        "number": task.number,
+        "params": task.params,
+        "restarts": 0,
+        "exploits": [],
+        "history": [],
+    }
     if previous is None:
         run_id = open_trial_run(tracker, task, context.sweep, context.sampler_seed, tags)
     elif previous["trial_id"] == trial_id:  # after its worker died (or a PBT pause): the same run goes on
         run_id = previous["mlflow_run_id"] or None
         lineage.update(restarts=previous["restarts"] + 1, exploits=previous["exploits"], history=previous["history"])
-        tracker.resume_run(run_id, {**tags, "restarts": str(lineage["restarts"]),
-                                    "resumed_from_epoch": str(previous["epoch"])})
+        tracker.resume_run(
+            run_id, {**tags, "restarts": str(lineage["restarts"]), "resumed_from_epoch": str(previous["epoch"])}
+        )
     else:  # a PBT exploit: the donor's state with this trial's new hyperparameters, in a new run
         for old in tracker.open_children(context.sweep.parent_run_id, {"ray_trial_id": trial_id}):
-            close_trial_run(tracker, old, "exploited", f"PBT: continued in a new run from trial {previous['number']}'s "
-                                                       f"checkpoint of epoch {previous['epoch']}, with new hyperparameters")
+            close_trial_run(
+                tracker,
+                old,
+                "exploited",
+                f"PBT: continued in a new run from trial {previous['number']}'s "
+                f"checkpoint of epoch {previous['epoch']}, with new hyperparameters",
+            )
         exploit = {"epoch": previous["epoch"], "donor": previous["number"], "params": task.params}
         lineage.update(exploits=[*previous["exploits"], exploit], history=previous["history"])
-        run_id = open_trial_run(tracker, task, context.sweep, context.sampler_seed,
-                                {**tags, "pbt_donor": str(previous["number"]), "pbt_donor_trial_id": previous["trial_id"],
-                                 "pbt_epoch": str(previous["epoch"])}, exploits=lineage["exploits"])
+        run_id = open_trial_run(
+            tracker,
+            task,
+            context.sweep,
+            context.sampler_seed,
+            {
+                **tags,
+                "pbt_donor": str(previous["number"]),
+                "pbt_donor_trial_id": previous["trial_id"],
+                "pbt_epoch": str(previous["epoch"]),
+            },
+            exploits=lineage["exploits"],
+        )
         tracker.log_history(run_id, previous["history"])  # epochs 1..epoch: the donor's lineage
     lineage["mlflow_run_id"] = run_id
     return lineage

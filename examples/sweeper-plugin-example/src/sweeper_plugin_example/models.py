@@ -27,8 +27,15 @@ class GatedBlock(nn.Module):
         return x + self.drop(self.down(value * torch.sigmoid(gate)))
 
 
-def gated_mlp(*, input_shape: tuple[int, ...], num_classes: int, width: int = 64, depth: int = 2,
-              expansion: int = 2, dropout: float = 0.0) -> nn.Module:
+def gated_mlp(
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    width: int = 64,
+    depth: int = 2,
+    expansion: int = 2,
+    dropout: float = 0.0,
+) -> nn.Module:
     """Flatten -> Linear(width) -> ``depth`` gated residual blocks (hidden = width * expansion)
     -> LayerNorm -> Linear(num_classes).
 

@@ -4,8 +4,8 @@ exactly ``lr`` per step: use a learning rate 3-10x smaller than AdamW's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -13,10 +13,17 @@ SWEEPER_PLUGIN_API = 1
 
 
 class Lion(torch.optim.Optimizer):
-    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ) -> None:
         if lr <= 0 or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0:
-            raise ValueError(f"Lion: need lr > 0, 0 <= betas < 1, weight_decay >= 0 (got {lr}, {betas}, {weight_decay})")
+            raise ValueError(
+                f"Lion: need lr > 0, 0 <= betas < 1, weight_decay >= 0 (got {lr}, {betas}, {weight_decay})"
+            )
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -38,8 +45,9 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-def lion(params: Iterable[Any], *, lr: float = 1e-4, beta1: float = 0.9, beta2: float = 0.99,
-         weight_decay: float = 0.0) -> Lion:
+def lion(
+    params: Iterable[Any], *, lr: float = 1e-4, beta1: float = 0.9, beta2: float = 0.99, weight_decay: float = 0.0
+) -> Lion:
     """Lion over ``params`` (parameters, or parameter-group dicts as torch.optim takes them).
 
     The betas are separate scalar arguments so a spec can search each one."""
