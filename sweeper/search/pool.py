@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import Decide, Outcome, execute_group
+from sweeper.trial.states import FailureKind, TrialState
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
 Record = Callable[[int, int, dict[str, float]], None]
@@ -200,7 +201,10 @@ class ProcessPool:
             if not proc.is_alive():
                 task = self.running.pop(index)  # its trials are retried; the worker starts afresh, new pipe
                 reason = death(proc.exitcode, self.oom_kills)
-                yield from (Outcome(config.number, "interrupted", reason=reason) for config in task)
+                yield from (
+                    Outcome(config.number, TrialState.INTERRUPTED, reason=reason, failure=FailureKind.LOST_WORKER)
+                    for config in task
+                )
                 self.oom_kills = oom_kill_count()
                 self.conns[index].close()
                 self._start_worker(index)

@@ -19,12 +19,12 @@ from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.trial import checkpoint, footprint, fused
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
+from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.trainer import resolve_device
 
 # decide(number, epoch, metrics) -> True to stop (prune) the trial now
 Decide = Callable[[int, int, dict[str, float]], bool]
-STATES = ("complete", "pruned", "failed", "interrupted")  # interrupted: its worker process died (the pool says so)
-OOM = "oom"  # reason prefix of a trial that ran out of device memory: a resource failure, retried
+OOM = FailureKind.OUT_OF_MEMORY.value  # the reason's prefix of a trial out of device memory (its failure says so)
 # What CUDA reports once a kernel has faulted: the process's CUDA context is unusable from then on
 # (every later call fails), so the process that ran the trial must not run another.
 CONTEXT_LOST = (
@@ -40,12 +40,17 @@ CONTEXT_LOST = (
 @dataclass
 class Outcome:
     number: int
-    state: str  # one of STATES
+    state: TrialState  # complete, pruned, failed; interrupted: its worker process died (the pool says so)
     history: list[dict[str, float]] = field(default_factory=list)
     reason: str | None = None
     error: str | None = None  # traceback, for the trial's MLflow run
     info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions, seconds
-    context_lost: bool = False  # its process's CUDA context failed: the process must be replaced
+    failure: FailureKind | None = None  # why it failed, when the search answers it (a retry, a new worker)
+
+    @property
+    def context_lost(self) -> bool:
+        """Its process's CUDA context failed: the process must be replaced."""
+        return self.failure == FailureKind.LOST_CONTEXT
 
 
 def saves_state(config: TrialConfig, epoch: int) -> bool:
@@ -60,7 +65,7 @@ def reason_of(exc: BaseException) -> str:
 
 def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outcome:
     """Train ``config`` on its device; save its final training state to ``config.checkpoint``."""
-    out = Outcome(config.number, "failed")
+    out = Outcome(config.number, TrialState.FAILED)
     started = time.perf_counter()
     extra = {"trial": config.number, "params": config.params}
     last: dict[str, Any] = {}  # the latest training state and the epoch last saved
@@ -99,14 +104,15 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
         out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
         if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
             checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
-        out.state = "complete"
+        out.state = TrialState.COMPLETE
     except TrialPruned as exc:
-        out.state, out.reason = "pruned", str(exc)
+        out.state, out.reason = TrialState.PRUNED, str(exc)
     except torch.cuda.OutOfMemoryError as exc:  # the machine's limit, not the trial's fault: retried
         out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
+        out.failure = FailureKind.OUT_OF_MEMORY
     except Exception as exc:  # a failing trial never kills the sweep
         out.reason, out.error = reason_of(exc), traceback.format_exc()
-        out.context_lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
+        out.failure = _context_lost(exc)
     finally:
         release_device_memory()
     out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
@@ -120,7 +126,7 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
     Outcome says why in ``info["fuse_fallback"]``."""
     if len(configs) == 1:
         return [execute(configs[0], decide, worker_index)]
-    outs = {c.number: Outcome(c.number, "failed") for c in configs}
+    outs = {c.number: Outcome(c.number, TrialState.FAILED) for c in configs}
     started = time.perf_counter()
     info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
     sizes: dict[int, dict[str, float]] = {}  # each complete member's footprint
@@ -172,9 +178,9 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
             if number in left:
                 out.state, out.reason = left[number].state, left[number].reason
                 continue
-            out.state, out.error = "failed", traceback.format_exc()
+            out.state, out.error = TrialState.FAILED, traceback.format_exc()
             out.reason = f"{OOM}: {reason_of(exc)}" if oom else reason_of(exc)
-            out.context_lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
+            out.failure = FailureKind.OUT_OF_MEMORY if oom else _context_lost(exc)
     finally:
         release_device_memory()
     seconds = time.perf_counter() - started  # the group's wall time: each member's share is seconds / N
@@ -189,6 +195,12 @@ def release_device_memory() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()  # an exception's frames may still hold the trial's tensors
         torch.cuda.empty_cache()
+
+
+def _context_lost(exc: BaseException) -> FailureKind | None:
+    """LOST_CONTEXT when CUDA reported a fault that leaves the process's context unusable."""
+    lost = isinstance(exc, torch.AcceleratorError) and any(m in str(exc) for m in CONTEXT_LOST)
+    return FailureKind.LOST_CONTEXT if lost else None
 
 
 def _device_name(device: torch.device) -> str:
