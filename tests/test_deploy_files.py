@@ -400,7 +400,10 @@ def test_dockerfile_builds_from_the_pins_as_a_non_root_image():
     assert ("python:3.11-slim-bookworm", "base-cpu") in stages
     assert re.search(r"^ARG CUDA_BASE=nvidia/cuda:13\.0\.\d+-cudnn-runtime-ubuntu24\.04$", code, re.M)
     assert "https://download.pytorch.org/whl/cpu" in code
-    assert "-c constraints.txt" in code and "pip install --no-deps ." in code
+    assert (
+        "-c constraints.txt" in code and "pip wheel --no-deps -w /build/dist ." in code
+    )  # tests/test_wheel.py's wheel
+    assert "pip install --no-deps /build/dist/sweeper-*.whl" in code
     assert not re.search(r"^COPY\s+\.\s", code, re.M), "copy named paths only (no .dockerignore)"
     assert "COPY --from=builder /opt/venv /opt/venv" in code
     assert re.search(r"^USER 10001:10001$", code, re.M) and "--uid 10001" in code

@@ -203,9 +203,9 @@ def _serve(
 
 def _review(summary: dict[str, Any], out_dir: Path) -> Any:
     """The plots of the search (review/), begun on a thread; None (said) if they cannot be."""
-    from sweeper.review import report
-
     try:
+        from sweeper.review import report
+
         return report.Drawing(json.loads(json.dumps(summary, default=str)), out_dir)
     except Exception as exc:
         _no_report(exc)
