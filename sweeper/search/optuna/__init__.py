@@ -21,10 +21,11 @@ its trials inline or in a local worker pool.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sweeper.search.backend import SearchContext, SearchResult
-from sweeper.spec import SweepSpec
-from sweeper.trial.states import TrialState
+if TYPE_CHECKING:  # imported on use: the adapter (rdb.py) loads without torch
+    from sweeper.search.backend import SearchContext, SearchResult
+    from sweeper.spec import SweepSpec
 
 
 class OptunaBackend:
@@ -37,10 +38,12 @@ class OptunaBackend:
         return LedgerStore(spec, out_dir)
 
     def run(self, spec: SweepSpec, ctx: SearchContext) -> SearchResult:
+        from sweeper.search.backend import SearchResult
         from sweeper.search.optuna.coordinator import Coordinator
         from sweeper.search.optuna.store import LedgerStore
         from sweeper.search.optuna.study import safe_url
         from sweeper.search.pool import executor
+        from sweeper.trial.states import TrialState
 
         store = ctx.store
         assert isinstance(store, LedgerStore)
