@@ -264,6 +264,7 @@ def test_both_ends_of_the_declared_range(end: str):
             "-q",
             "-p",
             "no:cacheprovider",
+            "--noconftest",  # none of its fixtures is needed, and its collection hook imports torch (seconds)
             str(Path(__file__)),
             "-k",
             "not declared_range",
