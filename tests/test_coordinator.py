@@ -13,6 +13,7 @@ import pytest
 from conftest import SPACES
 
 from sweeper.search.backend import SearchContext
+from sweeper.search.optuna.batches import EarlierBatches
 from sweeper.search.optuna.coordinator import Coordinator
 from sweeper.search.optuna.store import LedgerStore
 from sweeper.search.optuna.study import make_sampler
@@ -160,16 +161,16 @@ def test_a_trial_is_pruned_against_earlier_batches_only(tmp_path: Path):
 
 def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_each(tmp_path: Path, monkeypatch):
     builds: list[tuple[int, bool]] = []
-    build = Coordinator._view
+    build = EarlierBatches.view
 
     def counted(self, batch, sampler=None):
         builds.append((batch, sampler is None))
         return build(self, batch, sampler)
 
-    monkeypatch.setattr(Coordinator, "_view", counted)
+    monkeypatch.setattr(EarlierBatches, "view", counted)
     shared, _ = sweep(tmp_path / "shared", slots=4)
     assert [batch for batch, for_shadows in builds if for_shadows] == [0, 4, 8]  # one per batch, not per trial
-    monkeypatch.setattr(Coordinator, "_shadow", lambda self, batch: build(self, batch).ask())  # a view each
+    monkeypatch.setattr(EarlierBatches, "shadow", lambda self, batch: build(self, batch).ask())  # a view each
     each, _ = sweep(tmp_path / "each", slots=4)
     assert table(shared) == table(each) and {row[1] for row in table(shared)} == {"complete", "pruned"}
 

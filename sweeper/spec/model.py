@@ -251,6 +251,14 @@ class SearchSpec(_Strict):
             return -(-self.batch_size // self.parallel)  # the batch shared evenly by the workers
         return self.fuse
 
+    def trial_cap(self, n_trials: int | None) -> int | None:
+        """The most trials a budget of ``n_trials`` (None: none, until the timeout) runs: the grid
+        sampler visits each point of its grid once, so no more than the grid's size."""
+        if self.sampler != "grid":
+            return n_trials
+        size = sp.grid_size(self.space)
+        return size if n_trials is None else min(n_trials, size)
+
     def pbt_mutations(self) -> list[str]:
         """The search.space paths PBT mutates (search.pruner.mutations, or its default)."""
         if self.pruner.mutations is not None:
@@ -428,10 +436,7 @@ class SweepSpec(_Strict):
         return SweepSpec.model_validate(sp.apply(self.model_dump(), values))
 
     def budget(self) -> str:
-        n = self.search.n_trials
-        if self.search.sampler == "grid":
-            size = sp.grid_size(self.search.space)
-            n = min(n or size, size)
+        n = self.search.trial_cap(self.search.n_trials)
         trials = f"{n} trials × ≤{self.train.epochs} epochs (≤{n * self.train.epochs} epochs)" if n else "no trial cap"
         timeout = f"{self.search.timeout:g} s" if self.search.timeout else "none"
         search = self.search

@@ -16,9 +16,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
 
-from sweeper.search.optuna import writes
+from sweeper.search.optuna import rdb
 from sweeper.search.optuna.ledger import Ledger, host_name, pid_alive
 from sweeper.search.optuna.study import OWNER
 
@@ -45,15 +46,14 @@ class Heartbeat:
 
     def hold(self, trial_id: int) -> None:
         """Take the lease of a trial this process has just made RUNNING (``study.ask``)."""
-        storage = self.study._storage
-        storage.set_trial_system_attr(trial_id, OWNER, self.ledger.member)
-        storage.record_heartbeat(trial_id)
+        rdb.set_system_attr(self.study, trial_id, OWNER, self.ledger.member)
+        rdb.record_heartbeat(self.study, trial_id)
         self.trial_ids.add(trial_id)
 
     def claim(self, trial_id: int, user_attrs: dict[str, Any] | None = None) -> bool:
         """Claim a WAITING trial and take its lease (and set ``user_attrs``), in one transaction;
         False when another process claimed it first."""
-        if not writes.claim(self.study, trial_id, self.ledger.member, user_attrs):
+        if not rdb.claim(self.study, trial_id, {OWNER: self.ledger.member}, user_attrs or {}):
             return False
         self.trial_ids.add(trial_id)
         return True
@@ -61,7 +61,7 @@ class Heartbeat:
     def progress(self, trial_id: int, epoch: int, value: float) -> None:
         """An epoch's objective, for display (`sweeper status`): written to the study by the
         heartbeat's thread within PROGRESS_S, with the other epochs done meanwhile, in one
-        transaction a trial. The trial's end writes every epoch (writes.finish)."""
+        transaction a trial. The trial's end writes every epoch (rdb.finish)."""
         with self._lock:
             self.epochs.setdefault(trial_id, {})[epoch] = value
 
@@ -81,7 +81,7 @@ class Heartbeat:
                         epochs, self.epochs = self.epochs, {}
                         trial_ids = list(self.trial_ids) if renew else list(epochs)
                     for trial_id in trial_ids:
-                        writes.beat(self.study, trial_id, epochs.get(trial_id, {}), renew=renew)
+                        rdb.beat(self.study, trial_id, epochs.get(trial_id, {}), renew=renew)
                 if renew:
                     due = time.monotonic() + self.interval_s
                     self.ledger.heartbeat()
@@ -96,13 +96,12 @@ class Heartbeat:
 
 def stale(study: optuna.Study, lease_s: float) -> list[FrozenTrial]:
     """RUNNING trials whose owner stopped renewing their lease (or, on this host, has exited)."""
-    storage = study._storage
-    expired = set(storage._get_stale_trial_ids(study._study_id))  # Optuna's own check, the DB's clock
+    expired = rdb.expired(study)  # Optuna's own check, the database's clock
     here = host_name()
     found = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for t in study.get_trials(deepcopy=False, states=(OptunaState.RUNNING,)):
         owner = t.system_attrs.get(OWNER)
-        if t._trial_id in expired:
+        if rdb.trial_id(t) in expired:
             found.append(t)
         elif owner is None:  # claimed, then its process died before it took the lease
             started = t.datetime_start or datetime.now()
@@ -117,7 +116,4 @@ def stale(study: optuna.Study, lease_s: float) -> list[FrozenTrial]:
 
 def fail(study: optuna.Study, t: FrozenTrial) -> bool:
     """Mark a stale trial failed; False if it finished (or another process failed it) meanwhile."""
-    try:
-        return study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
+    return rdb.fail(study, rdb.trial_id(t))

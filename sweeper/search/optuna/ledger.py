@@ -27,7 +27,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweeper.track import sqlite
+from sweeper.search.optuna.engine import engine_kwargs, racing
+
+_RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process created the table first
 
 METADATA = sa.MetaData()
 SWEEPS = sa.Table(
@@ -93,9 +95,7 @@ class Sweep:
 
 
 def engine_for(url: str) -> sa.Engine:
-    sqlite.install()
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return sa.create_engine(url, **kwargs)
+    return sa.create_engine(url, **engine_kwargs(url))
 
 
 class Ledger:
@@ -104,14 +104,8 @@ class Ledger:
     def __init__(self, url: str, name: str, grace_s: float, member: str | None = None) -> None:
         self.engine, self.name, self.grace_s = engine_for(url), name, grace_s
         self.member = member or this_member()
-        for attempt in range(5):  # processes starting together race to create the tables
-            try:
-                METADATA.create_all(self.engine)
-                break
-            except (IntegrityError, OperationalError, ProgrammingError):
-                if attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        # processes starting together race to create the tables
+        racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
 
     def close(self) -> None:
         self.engine.dispose()

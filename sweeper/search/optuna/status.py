@@ -14,7 +14,8 @@ import yaml
 
 from sweeper.errors import UserError
 from sweeper.search.optuna.ledger import Ledger, find
-from sweeper.search.optuna.study import INTERRUPTED, OWNER, STATE, safe_url
+from sweeper.search.optuna.study import OWNER, interrupted, safe_url, state
+from sweeper.trial.states import TrialState
 
 RECENT = 10  # throughput: over the last this many finished trials
 
@@ -49,11 +50,11 @@ def report(url: str, name: str) -> dict[str, Any]:
     trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     counts: dict[str, int] = {}
     for t in trials:
-        state = "interrupted" if t.system_attrs.get(INTERRUPTED) else STATE.get(t.state, "failed")
-        counts[state] = counts.get(state, 0) + 1
+        now_in = TrialState.INTERRUPTED if interrupted(t) else state(t)
+        counts[now_in.value] = counts.get(now_in.value, 0) + 1
     held: dict[str, list[str]] = {}
     for t in trials:
-        if t.state.name == "RUNNING":
+        if state(t) == TrialState.RUNNING:
             epochs = len(t.intermediate_values)
             held.setdefault(t.system_attrs.get(OWNER, "?"), []).append(f"#{t.number} (epoch {epochs})")
     finished = sorted(t.datetime_complete for t in trials if t.datetime_complete is not None)
@@ -63,7 +64,7 @@ def report(url: str, name: str) -> dict[str, Any]:
         per_min = (len(recent) - 1) / ((recent[-1] - recent[0]).total_seconds() / 60)
     now = time.time()
     cap = sweep.n_trials
-    unfinished = counts.get("running", 0) + counts.get("waiting", 0)
+    unfinished = counts.get(TrialState.RUNNING, 0) + counts.get(TrialState.WAITING, 0)
     to_go = None if cap is None else max(0, cap - sweep.proposed) + unfinished
     deadline = sweep.deadline()
     eta_s = to_go / per_min * 60 if per_min and to_go is not None else None
@@ -74,7 +75,7 @@ def report(url: str, name: str) -> dict[str, Any]:
         "storage": safe_url(url),
         "stop_requested": sweep.stop,
         "state": "stopping"
-        if sweep.stop and counts.get("running")
+        if sweep.stop and counts.get(TrialState.RUNNING)
         else "stopped"
         if sweep.stop
         else "done"
@@ -130,7 +131,9 @@ def dashboard(url: str, name: str, host: str, port: int, say: Callable[[str], No
         raise UserError(
             "sweeper dashboard needs optuna-dashboard: pip install 'optuna-dashboard>=0.17,<0.22' (or sweeper[deploy])"
         ) from None
-    study_id = optuna.load_study(study_name=name, storage=url)._study_id
+    from sweeper.search.optuna import rdb
+
+    study_id = rdb.study_id(optuna.load_study(study_name=name, storage=url))
     say(
         f"optuna-dashboard: sweep '{name}' ({safe_url(url)}) at http://{host}:{port}/dashboard/studies/{study_id} "
         "(Ctrl-C stops it)"

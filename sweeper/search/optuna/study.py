@@ -3,32 +3,36 @@ trials a killed process left running, and a finished trial as a TrialRecord."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
 
 from sweeper.errors import UserError
+from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.track import sqlite
 from sweeper.track.records import TrialRecord
-from sweeper.trial.seeding import sampler_seed
+from sweeper.trial.seeding import sampler_seed, trial_seed
+from sweeper.trial.states import TrialState
 
 INFO = "sweeper"  # user attr: seed, reason, run id, per-epoch history, provenance
 INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died: why
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-STATE = {
-    TrialState.COMPLETE: "complete",
-    TrialState.PRUNED: "pruned",
-    TrialState.FAIL: "failed",
-    TrialState.RUNNING: "running",
-    TrialState.WAITING: "waiting",
+# sweeper's state of a trial from Optuna's, and back: the one map between the two vocabularies (an
+# interrupted trial is FAIL in Optuna, marked INTERRUPTED: see ``interrupted``)
+STATES = {
+    OptunaState.COMPLETE: TrialState.COMPLETE,
+    OptunaState.PRUNED: TrialState.PRUNED,
+    OptunaState.FAIL: TrialState.FAILED,
+    OptunaState.RUNNING: TrialState.RUNNING,
+    OptunaState.WAITING: TrialState.WAITING,
 }
-TELL = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+OPTUNA_STATES = {ours: theirs for theirs, ours in STATES.items()}
+FINISHED = tuple(theirs for theirs in STATES if theirs.is_finished())  # Optuna's: complete, pruned, fail
+UNFINISHED = (OptunaState.WAITING, OptunaState.RUNNING)
 # user attrs set when a trial is created; a retry copies them
 SLOT = "sweeper_slot"  # the trial's place in the budget: its seed (and, reproducible, its batch) follow
 BATCH = "sweeper_batch"  # reproducible mode: the batch that proposed it
@@ -36,10 +40,13 @@ RETRY_OF = "sweeper_retry_of"  # the number of the trial it retries
 ATTEMPT = "sweeper_attempt"  # a retry: the how-manieth attempt at its slot (the first has none: 1)
 ACCUMULATE = "sweeper_accumulate"  # a retry after out-of-memory: the train.accumulate it runs with
 OWNER = "sweeper_owner"  # system attr: the member (host:pid:tag) holding the trial's lease
-CREATE_ATTEMPTS = 5  # processes starting together race to create the tables and the study
-SQLITE_LOCK_TIMEOUT_S = 60  # sqlite: wait this long for another process's write lock rather than fail
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # sweeper shows trials in its own table
+
+
+def seed(spec: SweepSpec, trial: FrozenTrial | optuna.Trial) -> int:
+    """The trial's seed: a function of its slot (a retry keeps its attempt's)."""
+    return trial_seed(spec.seed, trial.user_attrs.get(SLOT, trial.number))
 
 
 def storage_url(spec: SweepSpec, out_dir: Path) -> str:
@@ -50,32 +57,27 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
     """The study's storage. Leases are Optuna heartbeats (its trial_heartbeats table, the
     database's clock); sweeper renews and checks them itself (lease.py), since Optuna does only
     inside study.optimize."""
-    sqlite.install()  # WAL: a commit without a sync to disk
-    kwargs = (
-        {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    )
-    for attempt in range(CREATE_ATTEMPTS):
+
+    def create() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            try:
-                return optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs=kwargs,
-                    heartbeat_interval=spec.search.heartbeat_s,
-                    grace_period=spec.search.lease_s,
-                )
-            except ModuleNotFoundError as exc:  # a database driver (psycopg) is not installed
-                raise UserError(
-                    f"search.storage: {exc.name} is needed for {url.split(':')[0]}; install sweeper[postgres]"
-                ) from None
-            except Exception as exc:  # unreachable server, unknown database, bad credentials
-                if "already exists" in str(exc) and attempt + 1 < CREATE_ATTEMPTS:
-                    time.sleep(0.2 * (attempt + 1))  # another process created Optuna's tables just now
-                    continue
-                raise UserError(
-                    f"search.storage: cannot open {safe_url(url)}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
-                ) from None
-    raise AssertionError("unreachable")
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs(url),
+                heartbeat_interval=spec.search.heartbeat_s,
+                grace_period=spec.search.lease_s,
+            )
+
+    try:  # "already exists": another process created Optuna's tables just now
+        return racing(create, lambda exc: "already exists" in str(exc))
+    except ModuleNotFoundError as exc:  # a database driver (psycopg) is not installed
+        raise UserError(
+            f"search.storage: {exc.name} is needed for {url.split(':')[0]}; install sweeper[postgres]"
+        ) from None
+    except Exception as exc:  # unreachable server, unknown database, bad credentials
+        raise UserError(
+            f"search.storage: cannot open {safe_url(url)}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def safe_url(url: str) -> str:
@@ -101,9 +103,9 @@ def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
     if search.sampler == "grid":
         return _Grid({path: sp.grid_values(path, p) for path, p in search.space.items()}, seed=seed)
     if search.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(
-            seed=seed, **({"population_size": search.population} if search.population else {})
-        )
+        if search.population:
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=search.population)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     factories = {
         "tpe": optuna.samplers.TPESampler,
         "random": optuna.samplers.RandomSampler,
@@ -113,7 +115,7 @@ def make_sampler(spec: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
     return factories[search.sampler](seed=seed)
 
 
-def directions(spec: SweepSpec) -> list[str]:
+def directions(spec: SweepSpec) -> list[Literal["maximize", "minimize"]]:
     """The study's directions: one per objective, in the spec's order (a trial's values too)."""
     return [g.direction for g in spec.goals]
 
@@ -164,6 +166,11 @@ def describe(study: optuna.Study, spec: SweepSpec) -> None:
         study.set_user_attr("objectives", [g.model_dump() for g in spec.goals])
 
 
+def state(t: FrozenTrial) -> TrialState:
+    """The trial's state in sweeper's words (an interrupted trial is failed: it does not count)."""
+    return STATES.get(t.state, TrialState.FAILED)
+
+
 def interrupted(t: FrozenTrial) -> bool:
     """A trial lost with its process (or lease): it was retried and does not count."""
     return bool(t.system_attrs.get(INTERRUPTED))
@@ -174,6 +181,11 @@ def counted(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not interrupted(t))
 
 
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of the study (earlier invocations' and other processes' included)."""
+    return [record(t) for t in study.get_trials(deepcopy=False)]
+
+
 def record(t: FrozenTrial) -> TrialRecord:
     """A trial as summary.json and the progress table show it."""
     info: dict[str, Any] = t.user_attrs.get(INFO, {})
@@ -181,11 +193,11 @@ def record(t: FrozenTrial) -> TrialRecord:
     if interrupted(t):
         reason = f"interrupted: {t.system_attrs[INTERRUPTED]}; retried with the same parameters"
     history = info.get("history", [])
-    values = info.get("values", {}) if t.state == TrialState.COMPLETE else {}
+    values = info.get("values", {}) if t.state == OptunaState.COMPLETE else {}
     value = t.values[0] if t.values and len(t.values) == 1 else info.get("value")
     return TrialRecord(
         number=t.number,
-        state=STATE.get(t.state, "failed"),
+        state=state(t),  # type: ignore[arg-type]  # a Literal of its values until TrialRecord.state is a TrialState
         params=t.params,
         value=value,
         values=values,

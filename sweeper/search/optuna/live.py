@@ -1,0 +1,231 @@
+"""The trials this process trains, from their start to their end: their configs and MLflow runs,
+the pruner's answers after each epoch (reproducible mode asks the trial's shadow in a view of the
+earlier batches; otherwise the study itself), their epochs recorded, and their end told to the
+study in one transaction, logged, published, and handed to recovery (a lost worker, out of
+memory) and to the circuit breaker."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+
+from sweeper.search import checkpoints
+from sweeper.search.backend import SearchContext
+from sweeper.search.optuna import rdb
+from sweeper.search.optuna.batches import EarlierBatches
+from sweeper.search.optuna.lease import Heartbeat
+from sweeper.search.optuna.recovery import Breaker, Recovery
+from sweeper.search.optuna.study import ACCUMULATE, BATCH, INFO, OPTUNA_STATES, RETRY_OF, record, records, seed
+from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
+from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
+from sweeper.track.records import TrialEvent, objective_values
+from sweeper.trial import fused
+from sweeper.trial.build import TrialConfig
+from sweeper.trial.checkpoint import trial_path
+from sweeper.trial.execute import Outcome
+from sweeper.trial.seeding import sampler_seed, threads_per_trial
+from sweeper.trial.states import FailureKind, TrialState
+
+
+@dataclass
+class LiveTrial:
+    trial: optuna.Trial  # in the real study
+    config: TrialConfig
+    run_id: str | None
+    shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
+    lost: bool = False  # another process failed it: this process's lease had run out
+    epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
+    carried: dict[str, Any] = field(default_factory=dict)  # the shadow's system attrs written to the trial
+
+    @property
+    def trial_id(self) -> int:
+        return rdb.trial_id(self.trial)
+
+
+class LiveTrials:
+    """The trials this process runs, by number."""
+
+    def __init__(
+        self,
+        spec: SweepSpec,
+        study: optuna.Study,
+        heartbeat: Heartbeat,
+        ctx: SearchContext,
+        batches: EarlierBatches,
+        recovery: Recovery,
+        breaker: Breaker,
+        fuse: int,
+    ) -> None:
+        self.spec, self.study, self.heartbeat, self.ctx = spec, study, heartbeat, ctx
+        self.batches, self.recovery, self.breaker = batches, recovery, breaker
+        self.fuse = fuse  # trials per fused model (1: none fused)
+        self.live: dict[int, LiveTrial] = {}
+        self.threads = threads_per_trial(spec)
+        done = records(study)
+        kept = checkpoints.kept(spec, done)
+        self.kept = [r for r in done if r.number in kept]  # whose checkpoints are kept so far
+        self.noted: set[str] = set()  # fallback reasons already said
+
+    def __bool__(self) -> bool:
+        return bool(self.live)
+
+    def ids(self) -> set[int]:
+        """The storage ids of the trials this process runs."""
+        return {live.trial_id for live in self.live.values()}
+
+    # --- start ---------------------------------------------------------------------------------
+
+    def start(self, trials: list[optuna.Trial]) -> list[list[TrialConfig]]:
+        """Claimed trials started: their configs and runs; returns their tasks (one, or fused
+        tasks: fused.plan), to submit in order."""
+        configs = [self._config(t) for t in trials]
+        tasks, notes = fused.plan(configs, self.fuse) if len(configs) > 1 else ([configs], [])
+        for note in notes:
+            self.ctx.observer.note(note)
+        for config in configs:
+            self._open(self.live[config.number].trial, config)
+        return tasks
+
+    def _config(self, trial: optuna.Trial) -> TrialConfig:
+        values = sp.suggest(self.spec.search.space, trial)
+        batch = trial.user_attrs.get(BATCH)
+        shadow = self.batches.shadow(batch) if self.spec.search.reproducible and batch is not None else None
+        resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
+        config = TrialConfig(
+            trial.number,
+            seed(self.spec, trial),
+            values,
+            self.spec.with_values({**values, **resized}),
+            self.threads,
+            str(trial_path(self.ctx.out_dir, trial.number)),
+        )
+        self.live[trial.number] = LiveTrial(trial, config, None, shadow)
+        return config
+
+    def _open(self, trial: optuna.Trial, config: TrialConfig) -> None:
+        """The trial's MLflow run, its start recorded."""
+        batch = trial.user_attrs.get(BATCH)
+        sampled = sampler_seed(self.spec.seed, batch) if batch is not None else None
+        retry = {"retry_of": str(trial.user_attrs[RETRY_OF])} if RETRY_OF in trial.user_attrs else {}
+        planned = trial.user_attrs.get(INFO, {}).get("mlflow_run_id")  # set by its claim
+        run_id = open_trial_run(self.ctx.tracker, config, self.ctx.sweep, sampled, tags=retry, run_id=planned)
+        self.live[trial.number].run_id = run_id
+        if run_id != planned:  # created at once (or a trial of study.ask): a process recovering it closes this run
+            self._guard(trial.number, lambda: trial.set_user_attr(INFO, {"seed": config.seed, "mlflow_run_id": run_id}))
+        self.ctx.observer.event(TrialEvent.start(config.number, config.params))
+
+    def _guard(self, number: int, write: Callable[[], object]) -> None:
+        """A write to this process's trial; if another process has failed it meanwhile (this
+        process's lease ran out), the trial is lost here and stops at its next epoch."""
+        try:
+            write()
+        except UpdateFinishedTrialError:
+            self.live[number].lost = True
+
+    # --- epochs --------------------------------------------------------------------------------
+
+    def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
+        """True if the pruner stops this trial after this epoch. Reproducible mode asks the
+        in-memory shadow study only, so a waiting worker gets its answer at once."""
+        live = self.live[number]
+        value = metrics[self.spec.objective.metric]
+        if len(self.spec.goals) > 1:  # no pruner compares several objectives: each trial runs to its end
+            if live.shadow is None:
+                live.epochs[epoch] = value
+            return live.lost
+        if live.shadow is None:  # the live study decides: it must hold this epoch first
+            self._guard(number, lambda: live.trial.report(value, epoch))
+            live.epochs[epoch] = value
+            return live.lost or live.trial.should_prune()
+        live.shadow.report(value, epoch)
+        return live.lost or live.shadow.should_prune()
+
+    def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
+        """The slow part of an epoch (storage, MLflow, display), done after the worker has its answer."""
+        live = self.live[number]
+        self.ctx.tracker.log_metrics(live.run_id, epoch, metrics)
+        self.ctx.observer.event(TrialEvent.epoch_end(number, epoch, metrics))
+        if live.shadow is None or live.lost:
+            return
+        # the study gets it with the trial's end (and, for `sweeper status`, its next heartbeat):
+        # no decision reads a running trial's epochs from the study in this mode
+        live.epochs[epoch] = metrics[self.spec.objective.metric]
+        self.heartbeat.progress(live.trial_id, epoch, live.epochs[epoch])
+        # pruners (ASHA) keep per-trial state in system attrs: carry new values to the real trial
+        for key, val in rdb.system_attrs(live.shadow).items():
+            if key not in live.carried or live.carried[key] != val:
+                live.carried[key] = val
+                self._guard(number, functools.partial(rdb.set_system_attr, self.study, live.trial_id, key, val))
+
+    # --- end -----------------------------------------------------------------------------------
+
+    def finish(self, outcome: Outcome) -> None:
+        live = self.live[outcome.number]
+        if outcome.state == TrialState.INTERRUPTED:  # its worker process died: the trial is retried
+            self.heartbeat.release(live.trial_id)
+            self.recovery.retry_lost([(rdb.stored(self.study, live.trial_id), outcome.reason or "")])
+            self.live.pop(outcome.number)
+            return
+        metric = self.spec.objective.metric
+        reason = outcome.reason
+        fallback = outcome.info.get("fuse_fallback")
+        if fallback and fallback not in self.noted:
+            self.noted.add(fallback)
+            self.ctx.observer.note(
+                f"a fused task trained its trials one at a time (trial {outcome.number} among them): {fallback}"
+            )
+        if outcome.state == TrialState.FAILED and outcome.failure == FailureKind.OUT_OF_MEMORY and not live.lost:
+            reason = self.recovery.retry_oom(live.config, live.trial, reason or FailureKind.OUT_OF_MEMORY.value)
+        if outcome.state == TrialState.PRUNED:
+            reason = (
+                f"{reason} by the {self.spec.search.pruner.type} pruner ({metric}={outcome.history[-1][metric]:.4g})"
+            )
+        complete = outcome.state == TrialState.COMPLETE
+        values = objective_values(self.spec, outcome.history, outcome.info) if complete else None
+        if complete and values is None:  # a footprint the trial could not measure
+            outcome.state = TrialState.FAILED
+            reason = f"objectives not measured: {', '.join(g.metric for g in self.spec.goals)}"
+        live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
+        info = {
+            "seed": live.config.seed,
+            "reason": reason,
+            "mlflow_run_id": live.run_id,
+            "history": outcome.history,
+            **outcome.info,
+        }
+        if values is not None:
+            info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
+            info["value"] = info["values"][metric]  # the primary objective's (the table's value)
+        frozen = None
+        self.heartbeat.release(live.trial_id)  # first: no beat writes its epochs meanwhile
+        if not live.lost:
+            try:  # its epochs, info, state and value: one transaction
+                frozen = rdb.finish(
+                    self.study, live.trial_id, OPTUNA_STATES[outcome.state], values, live.epochs, {INFO: info}
+                )
+            except UpdateFinishedTrialError:
+                live.lost = True
+        self.live.pop(outcome.number)
+        if frozen is None:  # another process failed it and retries it: this attempt is void
+            close_trial_run(
+                self.ctx.tracker,
+                live.run_id,
+                TrialState.INTERRUPTED,
+                "its lease ran out while it trained; another process retried it",
+            )
+            return
+        close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
+        log_sweep_dataset(self.ctx.tracker, self.spec, self.ctx.sweep, outcome.info)
+        finished = record(frozen)
+        self.breaker.check(finished)
+        if outcome.state == TrialState.COMPLETE:
+            checkpoints.publish(self.spec, self.ctx.tracker, finished, self.ctx.out_dir)
+            # free the disk as the sweep goes, not only at its end
+            self.kept = checkpoints.keep_better(self.spec, self.kept, finished, self.ctx.out_dir)
+        self.ctx.observer.event(TrialEvent.end(finished))

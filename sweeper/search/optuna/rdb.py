@@ -1,0 +1,231 @@
+"""The one module that reaches into Optuna beyond its public API (the adapter): the rest of sweeper
+uses these functions and Optuna's public API only.
+
+Why: Optuna's public calls take one transaction a write, and a live ``optuna.Trial`` has no system
+attrs since Optuna 5, while a sweep served by many processes needs a trial claimed, renewed and
+finished in one transaction each (the trial's row read FOR UPDATE, its state checked in the same
+transaction, as Optuna's ``set_trial_state_values`` does): a trial is claimed and finished once
+whatever the number of processes. Each of Optuna's calls took 1-6 ms on this project's 2-core
+machine (sqlite), and a trial made about twelve of them, one more per epoch.
+
+What it relies on (tests/test_optuna_adapter.py exercises every function against a real sqlite
+and PostgreSQL storage, on the lowest and newest Optuna of pyproject.toml's range:
+constraints/optuna-lowest.txt and -newest.txt):
+
+- ``Study._storage`` and ``Study._study_id`` (Optuna 1.x on); ``FrozenTrial._trial_id`` and
+  ``Trial._trial_id`` (2.x on): the handles of a study and a trial in their storage;
+- ``Study._thread_local.cached_all_trials`` (3.x on): the study's cache of its trials, cleared as
+  ``study.tell`` clears it;
+- the ``_CachedStorage`` wrapper's ``_backend`` (the RDBStorage behind a study's storage);
+- ``optuna.storages._rdb.models`` (StudyModel, TrialModel, its attribute, value, intermediate
+  value and heartbeat models) and ``_rdb.storage._create_scoped_session``;
+- RDBStorage's ``_get_prepared_new_trial``, ``_set_trial_attr_without_commit``,
+  ``_set_trial_value_without_commit`` (its signature takes the TrialModel since Optuna 4.6: the
+  floor of pyproject.toml's range) and ``_get_stale_trial_ids``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from datetime import datetime
+from typing import Any
+
+import optuna
+import sqlalchemy as sa
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage, RDBStorage
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+__all__ = [
+    "beat",
+    "claim",
+    "create",
+    "expired",
+    "fail",
+    "finish",
+    "record_heartbeat",
+    "set_system_attr",
+    "set_user_attr",
+    "stored",
+    "study_id",
+    "system_attrs",
+    "trial_id",
+]
+
+
+# --- handles and reads (any Optuna storage) -------------------------------------------------------
+
+
+def trial_id(trial: FrozenTrial | optuna.Trial) -> int:
+    """The trial's id in its storage (``_trial_id``), the key of every write below."""
+    return int(trial._trial_id)
+
+
+def study_id(study: optuna.Study) -> int:
+    """The study's id in its storage (``_study_id``): optuna-dashboard's URL of the study."""
+    return int(study._study_id)
+
+
+def _storage(study: optuna.Study) -> BaseStorage:
+    return study._storage
+
+
+def stored(study: optuna.Study, trial_id: int) -> FrozenTrial:
+    """The trial as stored now, system attrs included (a live ``optuna.Trial`` has none since Optuna 5)."""
+    return _storage(study).get_trial(trial_id)
+
+
+def system_attrs(trial: optuna.Trial) -> dict[str, Any]:
+    """A live trial's system attrs as stored (``Trial.system_attrs`` was removed in Optuna 5)."""
+    return dict(_storage(trial.study).get_trial_system_attrs(trial_id(trial)))
+
+
+def set_system_attr(study: optuna.Study, trial_id: int, key: str, value: Any) -> None:
+    """A system attr of any unfinished trial of the study (``Trial.set_system_attr`` was removed in
+    Optuna 5). UpdateFinishedTrialError when the trial has finished."""
+    _storage(study).set_trial_system_attr(trial_id, key, value)
+
+
+def set_user_attr(study: optuna.Study, trial_id: int, key: str, value: Any) -> None:
+    """A user attr of an unfinished trial that this process holds no ``optuna.Trial`` of (a lost
+    trial of another process). UpdateFinishedTrialError when the trial has finished."""
+    _storage(study).set_trial_user_attr(trial_id, key, value)
+
+
+def record_heartbeat(study: optuna.Study, trial_id: int) -> None:
+    """The trial's heartbeat, now (the database's clock): Optuna writes it only inside study.optimize."""
+    _rdb(study).record_heartbeat(trial_id)
+
+
+def fail(study: optuna.Study, trial_id: int) -> bool:
+    """A RUNNING trial made FAIL; False if it has finished (or another process failed it) meanwhile."""
+    try:
+        return _storage(study).set_trial_state_values(trial_id, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
+
+
+def expired(study: optuna.Study) -> set[int]:
+    """The ids of the study's RUNNING trials whose heartbeat is older than the storage's
+    ``grace_period`` (Optuna's own check, ``_get_stale_trial_ids``: the database's clock)."""
+    return set(_rdb(study)._get_stale_trial_ids(study_id(study)))
+
+
+# --- transactions (RDBStorage) ----------------------------------------------------------------------
+
+
+def _rdb(study: optuna.Study) -> RDBStorage:
+    storage = _storage(study)
+    rdb = getattr(storage, "_backend", storage)  # Optuna wraps an RDBStorage in a cache
+    assert isinstance(rdb, RDBStorage), type(rdb)
+    return rdb
+
+
+def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTrial]:
+    """New trials (templates made by ``optuna.trial.create_trial``: WAITING, params, attrs) in one
+    transaction, as ``study.add_trial`` makes one: the study's row locked while their numbers are
+    counted. Returns them with their storage ids and numbers."""
+    rdb = _rdb(study)
+    with _create_scoped_session(rdb.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id(study), session, for_update=True)
+        made = [rdb._get_prepared_new_trial(study_id(study), t, session) for t in templates]
+        session.flush()
+        numbered = [(m.trial_id, m.number) for m in made]
+    out = []
+    for template, (new_id, number) in zip(templates, numbered):
+        trial = copy.deepcopy(template)
+        trial._trial_id, trial.number = new_id, number
+        out.append(trial)
+    return out
+
+
+def claim(study: optuna.Study, trial_id: int, system_attrs: dict[str, Any], user_attrs: dict[str, Any]) -> bool:
+    """WAITING -> RUNNING, with its first heartbeat and these attrs, in one transaction; False
+    when another process claimed it first."""
+    rdb = _rdb(study)
+    try:
+        with _create_scoped_session(rdb.scoped_session) as session:
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+            if trial.state != TrialState.WAITING:
+                return False
+            trial.state, trial.datetime_start = TrialState.RUNNING, datetime.now()
+            for key, attr in system_attrs.items():
+                rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, attr)
+            for key, attr in user_attrs.items():
+                rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
+            _heartbeat(session, trial_id)
+    except IntegrityError:  # two processes created the heartbeat row at once: the other one won
+        return False
+    return True
+
+
+def beat(study: optuna.Study, trial_id: int, epochs: dict[int, float], renew: bool = True) -> None:
+    """The values of ``epochs`` (step = epoch) a running trial has done since, and its heartbeat
+    renewed if ``renew``, in one transaction. Nothing for a trial that has finished meanwhile."""
+    rdb = _rdb(study)
+    with _create_scoped_session(rdb.scoped_session, True) as session:
+        trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+        if trial.state.is_finished():
+            return
+        _epochs(session, trial_id, epochs)
+        if renew:
+            _heartbeat(session, trial_id)
+
+
+def finish(
+    study: optuna.Study,
+    trial_id: int,
+    state: TrialState,
+    values: list[float] | None,
+    epochs: dict[int, float],
+    user_attrs: dict[str, Any],
+) -> FrozenTrial:
+    """The trial's end, as ``study.tell`` records it (a pruned trial's value is its last epoch's),
+    with ``epochs``' values and ``user_attrs``, in one transaction; ``values``: one per objective
+    of the study. UpdateFinishedTrialError when another process has finished the trial already."""
+    if state == TrialState.PRUNED and epochs:
+        last = epochs[max(epochs)]
+        values = [last] if not math.isnan(last) else None
+    if state == TrialState.COMPLETE and (
+        not values or len(values) != len(study.directions) or any(math.isnan(v) for v in values)
+    ):
+        raise ValueError(f"a complete trial needs {len(study.directions)} values, not {values}")  # as study.tell
+    study._thread_local.cached_all_trials = None  # as study.tell: the study's cache of its trials
+    rdb = _rdb(study)
+    with _create_scoped_session(rdb.scoped_session) as session:
+        trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+        rdb.check_trial_is_updatable(trial_id, trial.state)
+        _epochs(session, trial_id, epochs)
+        for key, attr in user_attrs.items():
+            rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
+        for objective, value in enumerate(values or []):
+            rdb._set_trial_value_without_commit(session, trial, objective, float(value))
+        trial.state, trial.datetime_complete = state, datetime.now()
+    return stored(study, trial_id)
+
+
+def _epochs(session: Session, trial_id: int, epochs: dict[int, float]) -> None:
+    """Intermediate values (step = epoch), written or replaced."""
+    model = models.TrialIntermediateValueModel
+    rows = {row.step: row for row in model.where_trial_id(trial_id, session)} if epochs else {}
+    for step, value in epochs.items():
+        kept, kind = model.intermediate_value_to_stored_repr(value)
+        row = rows.get(step)
+        if row is None:
+            session.add(model(trial_id=trial_id, step=step, intermediate_value=kept, intermediate_value_type=kind))
+        else:
+            row.intermediate_value, row.intermediate_value_type = kept, kind
+
+
+def _heartbeat(session: Session, trial_id: int) -> None:
+    """As RDBStorage.record_heartbeat, in the caller's transaction (the database's clock)."""
+    row = models.TrialHeartbeatModel.where_trial_id(trial_id, session, True)
+    if row is None:
+        session.add(models.TrialHeartbeatModel(trial_id=trial_id))
+    else:
+        row.heartbeat = session.execute(sa.func.now()).scalar_one()
