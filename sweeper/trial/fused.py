@@ -39,7 +39,7 @@ from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
-from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
+from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
 MemberReport = Callable[[int, int, dict[str, float]], None]
@@ -294,6 +294,8 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
     first = members[0]
     data, train = first.parts.data, first.config.spec.train
     device = data.train_x.device
+    if device.type == "cuda":  # the epoch's peak memory (epoch_metrics): the group's, as the solo trainer's
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
 
     n = data.train_x.shape[0]
@@ -401,16 +403,18 @@ def _evaluate_and_report(
         scheduler = member.parts.scheduler
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(val_loss[k])
-        metrics = {
-            "train_loss": train_loss[row] / seen,
-            "train_acc": train_correct[row] / seen,
-            "val_loss": val_loss[k],
-            "val_acc": val_correct[k] / n,
-            "lr": member.parts.optimizer.param_groups[0]["lr"],
-            "grad_norm": norm[row] / steps,
-            "epoch_seconds": seconds,
-            "samples_per_s": seen / seconds,
-        }
+        metrics = epoch_metrics(
+            train_loss=train_loss[row] / seen,
+            train_correct=train_correct[row],
+            seen=seen,
+            val_loss=val_loss[k],
+            val_acc=val_correct[k] / n,
+            lr=member.parts.optimizer.param_groups[0]["lr"],
+            grad_norm_sum=norm[row],
+            steps=steps,
+            seconds=seconds,
+            device=data.val_x.device,
+        )
         member.history.append(metrics)
         try:
             report(row, epoch, metrics)
