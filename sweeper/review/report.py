@@ -19,6 +19,7 @@ from sweeper.review.study_view import study_of
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker, resolve_uri
 from sweeper.track.records import TrialRecord
+from sweeper.trial.states import TrialState
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
@@ -122,7 +123,7 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
     parts += _plots(made)
     parts += _lr_finder(summary.get("lr_finder"))
     parts += _export(summary.get("export"), summary.get("registry"))
-    failed = [r for r in records if r.state == "failed"]
+    failed = [r for r in records if r.state == TrialState.FAILED]
     parts.append("<h2>Failures</h2>")
     parts.append(
         _table(["trial", "reason"], [[r.number, r.reason or ""] for r in failed])

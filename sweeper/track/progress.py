@@ -15,9 +15,10 @@ from rich.table import Table
 from sweeper.spec import Objective, SweepSpec
 from sweeper.spec.objectives import pareto_front
 from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.trial.states import TrialState
 
 SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
-STYLE = {"complete": "green", "pruned": "yellow", "failed": "red"}
+STYLE = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAILED: "red"}
 
 
 def fmt(value: Any) -> str:
@@ -40,11 +41,11 @@ def trials_table(records: list[TrialRecord], goals: list[Objective], title: str 
     front = {r.number for r in pareto_front(goals, ordered, lambda r: r.values or None)} if several else set()
     best = None
     for r in ordered:
-        if r.state == "complete" and r.value is not None and goals[0].better(r.value, best):
+        if r.state == TrialState.COMPLETE and r.value is not None and goals[0].better(r.value, best):
             best = r.value
         detail = (
             r.reason
-            if r.state != "complete" and r.reason
+            if r.state != TrialState.COMPLETE and r.reason
             else ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
         )
         shown = (

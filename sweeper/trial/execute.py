@@ -154,11 +154,11 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         for member in members:
             out = outs[member.config.number]
             out.state, out.reason = member.state, member.reason
-            if member.state == "complete":  # its model has its own storage again
+            if member.state == TrialState.COMPLETE:  # its model has its own storage again
                 sizes[member.config.number] = footprint.measure(
                     member.parts.model, member.parts.data, member.config.spec
                 )
-            if member.state == "complete" and member.config.checkpoint:
+            if member.state == TrialState.COMPLETE and member.config.checkpoint:
                 state = member.training_state()
                 checkpoint.save(
                     Path(member.config.checkpoint),
@@ -172,7 +172,7 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
         return solo
     except Exception as exc:  # the fused model failed as a whole: its running members fail with it (out of
         # memory: each is retried with smaller micro-batches); those pruned or failed before keep their end
-        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state in ("pruned", "failed")}
+        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state.finished}
         oom = isinstance(exc, torch.cuda.OutOfMemoryError)
         for number, out in outs.items():
             if number in left:

@@ -39,6 +39,7 @@ from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
+from sweeper.trial.states import TrialState
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
@@ -57,7 +58,7 @@ class Member:
     augment: torch.Generator  # augmentation draws, on the device
     base_lrs: list[float] = field(default_factory=list)  # the param groups' LRs before training
     history: list[dict[str, float]] = field(default_factory=list)
-    state: str = "running"  # running | complete | pruned | failed
+    state: TrialState = TrialState.RUNNING  # then complete, pruned or failed
     reason: str | None = None
     engine: str = ""  # how the group computed: "layered" or "vmap" (fused_forward.py)
 
@@ -165,7 +166,7 @@ class FusedGroup:
 
     @property
     def active(self) -> list[Member]:
-        return [m for m in self.members if m.state == "running"]
+        return [m for m in self.members if m.state == TrialState.RUNNING]
 
     def restack(self) -> None:
         """Stack the running members' tensors and point each member's parameters and buffers at
@@ -284,8 +285,8 @@ def fit_fused(
     finally:
         group.release()
     for member in members:
-        if member.state == "running":
-            member.state = "complete"
+        if member.state == TrialState.RUNNING:
+            member.state = TrialState.COMPLETE
     return members
 
 
@@ -355,7 +356,7 @@ def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: in
     gone = False
     for member in group.active:
         if not finite[group.members.index(member)]:
-            member.state, member.reason = "failed", f"non-finite loss at epoch {epoch}, step {step}"
+            member.state, member.reason = TrialState.FAILED, f"non-finite loss at epoch {epoch}, step {step}"
             gone = True
     if gone and group.active:
         group.restack()
@@ -398,7 +399,7 @@ def _evaluate_and_report(
     for k, member in enumerate(members):
         row = group.members.index(member)
         if not math.isfinite(val_loss[k]):
-            member.state, member.reason, left = "failed", "non-finite loss on the validation split", True
+            member.state, member.reason, left = TrialState.FAILED, "non-finite loss on the validation split", True
             continue
         scheduler = member.parts.scheduler
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -419,8 +420,8 @@ def _evaluate_and_report(
         try:
             report(row, epoch, metrics)
         except TrialPruned as exc:
-            member.state, member.reason, left = "pruned", str(exc), True
+            member.state, member.reason, left = TrialState.PRUNED, str(exc), True
         except TrialFailed as exc:
-            member.state, member.reason, left = "failed", str(exc), True
+            member.state, member.reason, left = TrialState.FAILED, str(exc), True
     if left and group.active:
         group.restack()

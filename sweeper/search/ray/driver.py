@@ -33,6 +33,7 @@ from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialEvent, TrialRecord, goal_values
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
+from sweeper.trial.states import TrialState
 
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
 OWN_KEYS = (
@@ -113,23 +114,16 @@ def record(
     """A trial as summary.json and the progress table show it, from its last Tune result."""
     metric = spec.objective.metric
     epochs = int(last.get("epoch") or 0)
-    if error is not None:
-        found = re.search(r"TrialError: (.+)", str(error))
-        state, reason = "failed", (found.group(1) if found else str(error).strip().splitlines()[-1])[:500]
-    elif last.get("sweeper_state") == "complete":
-        state, reason = "complete", None
-    else:
-        shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
-        state, reason = "pruned", f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
-    values = goal_values(spec, last, {}) if state == "complete" else {}
-    if state == "complete" and len(values) < len(spec.goals):
-        state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
+    state, reason = end_state(spec, last, error)
+    values = goal_values(spec, last, {}) if state == TrialState.COMPLETE else {}
+    if state == TrialState.COMPLETE and len(values) < len(spec.goals):
+        state, reason = TrialState.FAILED, f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
         values = {}
     return TrialRecord(
         number=number,
         state=state,
         params=trial_params(spec.search.space, config),
-        value=last.get(metric) if state == "complete" else None,
+        value=last.get(metric) if state == TrialState.COMPLETE else None,
         values=values,
         footprint={k: float(last[k]) for k in FOOTPRINT_METRICS if k in last},
         seed=trial_seed(spec.seed, number),
@@ -142,6 +136,21 @@ def record(
         node_ip=last.get("node_ip"),
         history=history,
     )
+
+
+def end_state(spec: SweepSpec, last: dict[str, Any], error: Any) -> tuple[TrialState, str | None]:
+    """How a Tune trial ended, and why, from its last result (and Tune's error, if any): the one
+    map from Tune's ends to TrialState. A trial that raised (trial.TrialError, or its worker
+    gave up) failed; one whose worker reported the end of its last epoch completed; any other
+    was stopped by the scheduler: pruned."""
+    if error is not None:
+        found = re.search(r"TrialError: (.+)", str(error))
+        return TrialState.FAILED, (found.group(1) if found else str(error).strip().splitlines()[-1])[:500]
+    if last.get("sweeper_state") == TrialState.COMPLETE:
+        return TrialState.COMPLETE, None
+    metric, epochs = spec.objective.metric, int(last.get("epoch") or 0)
+    shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
+    return TrialState.PRUNED, f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
 
 
 def _events_callback(spec: SweepSpec) -> Any:
@@ -246,7 +255,10 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
         interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
         for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
             close_trial_run(
-                tracker, run_id, "interrupted", "the sweep stopped while this trial ran; the re-run restarted it"
+                tracker,
+                run_id,
+                TrialState.INTERRUPTED,
+                "the sweep stopped while this trial ran; the re-run restarted it",
             )
         if restoring:
             ctx.observer.note(
@@ -350,7 +362,7 @@ def _close_runs(tracker: Tracker, parent: str | None, records: list[TrialRecord]
         if r is not None:
             close_trial_run(tracker, run_id, r.state, r.reason)
         else:
-            close_trial_run(tracker, run_id, "interrupted", "its worker stopped; Tune ran the trial again")
+            close_trial_run(tracker, run_id, TrialState.INTERRUPTED, "its worker stopped; Tune ran the trial again")
 
 
 def _fetch_checkpoints(spec: SweepSpec, grid: Any, records: list[TrialRecord], out_dir: Path) -> None:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.search.trial_runs import SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
+from sweeper.search.trial_runs import EXPLOITED, SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.build import TrialConfig
+from sweeper.trial.states import TrialState
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
 # Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),
@@ -137,7 +138,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         outcome = execute(task, decide)
         close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         log_sweep_dataset(tracker, task.spec, context.sweep, outcome.info)
-        if outcome.state != "complete":
+        if outcome.state != TrialState.COMPLETE:
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
         # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
@@ -146,7 +147,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
                 **last,
                 **ids,
                 **outcome.info.get("footprint", {}),
-                "sweeper_state": "complete",
+                "sweeper_state": TrialState.COMPLETE.value,
                 "seconds": outcome.info["seconds"],
                 "device": outcome.info["device"],
                 "done": True,
@@ -196,7 +197,7 @@ def _open_run(
             close_trial_run(
                 tracker,
                 old,
-                "exploited",
+                EXPLOITED,
                 f"PBT: continued in a new run from trial {previous['number']}'s "
                 f"checkpoint of epoch {previous['epoch']}, with new hyperparameters",
             )
