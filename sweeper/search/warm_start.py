@@ -16,7 +16,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper import files
 from sweeper.spec import SweepSpec
@@ -24,6 +24,9 @@ from sweeper.spec import space as sp
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.lr_finder import RangeTest, plot, range_test
 from sweeper.trial.seeding import derive
+
+if TYPE_CHECKING:
+    from sweeper.trial.build import ProcessCache
 
 LR = "optimizer.args.lr"
 CONFIG_PATHS = ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
@@ -76,8 +79,9 @@ def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
     return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
 
 
-def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
-    """One range test of ``spec`` with ``config`` applied, seeded by the sweep's "sweep" stream."""
+def find(spec: SweepSpec, config: dict[str, Any], device: Any, cache: ProcessCache | None = None) -> RangeTest:
+    """One range test of ``spec`` with ``config`` applied, seeded by the sweep's "sweep" stream
+    (its data set from ``cache`` when it holds it)."""
     from sweeper.trial.build import TrialConfig, build
 
     lr_param = spec.search.space.get(LR)
@@ -88,7 +92,7 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
     high = settings.max_lr or max(lr_param.high if lr_param else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
     configured = spec.with_values(config)
     seed = derive(spec.seed, "sweep")
-    parts = build(TrialConfig(-1, seed, config, configured), device)
+    parts = build(TrialConfig(-1, seed, config, configured), device, cache)
     return range_test(
         parts.model,
         parts.optimizer,
@@ -115,10 +119,14 @@ def find_alone(spec: SweepSpec) -> RangeTest:
     return find(spec, {}, _trial_device(spec))
 
 
-def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
+def prepare(spec: SweepSpec, out_dir: Path, cache: ProcessCache | None = None) -> WarmStart:
     """Run (or read from the cache) the range tests, on the device and threads a trial gets,
-    and apply the policy."""
+    and apply the policy. ``cache``: this process's, whose data set the range tests load (and
+    the trials reuse when they train in this process)."""
+    from sweeper.trial.build import ProcessCache
+
     device = _trial_device(spec)
+    cache = cache or ProcessCache()
     cache_path = out_dir / CACHE
     key = json.dumps(
         {
@@ -134,26 +142,25 @@ def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
     findings = []
     for i, config in enumerate(configurations(spec)):
         entry = cached.get(json.dumps(config, sort_keys=True))
-        result = _cached(entry) or find(spec, config, device)
+        result = _cached(entry) or find(spec, config, device, cache)
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
         findings.append(
             Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}"))
         )
-    _release(spec)
+    _release(spec, cache)
     fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
     if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
         files.write_atomic(cache_path, json.dumps({key: fresh}, indent=1))
     return apply_policy(spec, findings)
 
 
-def _release(spec: SweepSpec) -> None:
+def _release(spec: SweepSpec, cache: ProcessCache) -> None:
     """Give back what the range tests held on the device: their models and optimizers (gone by
     now) and, unless this process trains the trials too (optuna with parallel: 1), the data set."""
-    from sweeper.trial.build import forget_data
     from sweeper.trial.execute import release_device_memory
 
     if spec.search.backend != "optuna" or spec.search.parallel > 1:
-        forget_data()
+        cache.data.forget()
     release_device_memory()
 
 

@@ -36,7 +36,7 @@ from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.pluginhost import registry
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
-from sweeper.trial.build import TrialConfig, TrialParts, build
+from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.states import TrialState
@@ -238,19 +238,26 @@ class FusedGroup:
 
 
 def fit_fused(
-    configs: list[TrialConfig], device: torch.device, report: MemberReport, stacked: bool = True, layered: bool = True
+    configs: list[TrialConfig],
+    device: torch.device,
+    report: MemberReport,
+    stacked: bool = True,
+    layered: bool = True,
+    cache: ProcessCache | None = None,
 ) -> list[Member]:
     """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
     the members with their history and end state. Each member's model keeps its weights.
     ``stacked``: one update for all members where their optimizers allow (fused_optim.py);
     False steps each member's own torch optimizer (the reference the tests compare with).
-    ``layered``: the layered layout where the model allows (fused_forward.py); False: vmap."""
+    ``layered``: the layered layout where the model allows (fused_forward.py); False: vmap.
+    ``cache``: the process's data set (every member's), kept for its next trials."""
     reason = why_not_fused(configs)
     if reason is not None:
         raise ValueError(f"these trials cannot be fused: {reason}")
     members = []
+    cache = cache or ProcessCache()
     for config in configs:  # each built exactly as its solo trial is
-        parts = build(config, device)
+        parts = build(config, device, cache)
         members.append(
             Member(
                 config,

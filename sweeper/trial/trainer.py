@@ -102,11 +102,13 @@ def fit(
     report: Report,
     resume: checkpoint.Resume | None = None,
     on_epoch_end: OnEpochEnd | None = None,
+    compiled: speed.CompiledForwards | None = None,
 ) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
-    per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``)."""
+    per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
+    ``compiled``: the process's compiled forwards (train.compile), reused by its later trials."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
-    net = speed.compile_model(model) if train.compile else model
+    net = (compiled or speed.CompiledForwards()).model(model) if train.compile else model
     stepper = Stepper(net, optimizer, data, train, seed)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

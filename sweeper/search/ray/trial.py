@@ -26,7 +26,7 @@ from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
-from sweeper.trial.build import TrialConfig
+from sweeper.trial.build import ProcessCache, TrialConfig
 from sweeper.trial.states import TrialState
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
@@ -34,6 +34,12 @@ NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its O
 # its epoch, restarts, PBT exploits and the per-epoch history of its lineage.
 META = "meta.json"
 MODEL = "model.pt"
+
+
+# This Ray worker process's data set and compiled forwards: Tune runs trial after trial in one
+# worker process (search.ray.reuse_actors), and a function trainable has no object of its own that
+# lives as long as its process. Only ``trainable`` uses it (no callback of the driver does).
+WORKER_CACHE = ProcessCache()
 
 
 class TrialError(RuntimeError):
@@ -135,7 +141,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
                 last.update(metrics, epoch=epoch)  # reported below, together with the final checkpoint
             return False  # Tune stops trials itself (see the module docstring)
 
-        outcome = execute(task, decide)
+        outcome = execute(task, decide, cache=WORKER_CACHE)
         close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         log_sweep_dataset(tracker, task.spec, context.sweep, outcome.info)
         if outcome.state != TrialState.COMPLETE:
