@@ -120,9 +120,9 @@ def test_the_trials_of_one_process_share_its_data_set(tmp_path: Path):
     its ProcessCache holds it from one trial to the next."""
     cache = ProcessCache()
     inline = InlineExecutor(lambda *a: False, lambda *a: None, cache)
-    inline.submit([task(0, tmp_path, threads=None)])
+    inline.submit([task(0, tmp_path)])
     (first,) = cache.data.held.values()
-    inline.submit([task(1, tmp_path, threads=None)])
+    inline.submit([task(1, tmp_path)])
     assert [o.state for o in inline.results()] == ["complete"] * 2
     (second,) = cache.data.held.values()
     assert second[0] is first[0]

@@ -302,7 +302,9 @@ def handoff(
     try:
         top = next(r for r in records if r.number == best["number"])
         best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
-        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), cache.data if cache else None)
+        model, data = rebuild(
+            spec.with_values(best["params"]), Path(best["checkpoint"]), cache.data if cache is not None else None
+        )
     except Exception as exc:
         return {
             "export": {

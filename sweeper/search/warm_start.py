@@ -126,7 +126,7 @@ def prepare(spec: SweepSpec, out_dir: Path, cache: ProcessCache | None = None) -
     from sweeper.trial.build import ProcessCache
 
     device = _trial_device(spec)
-    cache = cache or ProcessCache()
+    cache = cache if cache is not None else ProcessCache()
     cache_path = out_dir / CACHE
     key = json.dumps(
         {

@@ -131,7 +131,7 @@ class ProcessCache:
 def load_data(spec: SweepSpec, device: torch.device, cache: DataCache | None = None) -> tuple[DataSplits, str]:
     """The dataset plugin's splits on ``device`` and their fingerprint (from ``cache`` when it
     holds them)."""
-    return (cache or DataCache()).load(spec, device)
+    return (cache if cache is not None else DataCache()).load(spec, device)
 
 
 def make_data(spec: SweepSpec) -> DataSplits:
@@ -167,7 +167,7 @@ def build(config: TrialConfig, device: torch.device, cache: ProcessCache | None 
     data set from ``cache`` when it holds it)."""
     spec = config.spec
     seed_everything(config.seed)
-    data, data_fingerprint = load_data(spec, device, cache.data if cache else None)
+    data, data_fingerprint = load_data(spec, device, cache.data if cache is not None else None)
     model = speed.to_memory_format(build_model(spec, data).to(device), device)
     optimizer = build_optimizer(spec, model)
     scheduler = build_schedule(spec, optimizer, data)
@@ -203,7 +203,7 @@ def run_trial(
         report=report,
         resume=resume,
         on_epoch_end=on_epoch_end,
-        compiled=cache.compiled if cache else None,
+        compiled=cache.compiled if cache is not None else None,
     )
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)
 

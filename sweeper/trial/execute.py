@@ -127,7 +127,7 @@ def execute_group(
     member, as its solo run would give (its history, state, reason and checkpoint). A group that
     cannot train fused (its first step fails) trains one member at a time instead, and each
     Outcome says why in ``info["fuse_fallback"]``."""
-    cache = cache or ProcessCache()  # one data set for every member
+    cache = cache if cache is not None else ProcessCache()  # one data set for every member
     if len(configs) == 1:
         return [execute(configs[0], decide, worker_index, cache)]
     outs = {c.number: Outcome(c.number, TrialState.FAILED) for c in configs}

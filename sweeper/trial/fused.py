@@ -255,7 +255,7 @@ def fit_fused(
     if reason is not None:
         raise ValueError(f"these trials cannot be fused: {reason}")
     members = []
-    cache = cache or ProcessCache()
+    cache = cache if cache is not None else ProcessCache()
     for config in configs:  # each built exactly as its solo trial is
         parts = build(config, device, cache)
         members.append(

@@ -108,7 +108,10 @@ def fit(
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
     ``compiled``: the process's compiled forwards (train.compile), reused by its later trials."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
-    net = (compiled or speed.CompiledForwards()).model(model) if train.compile else model
+    if train.compile:
+        net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
+    else:
+        net = model
     stepper = Stepper(net, optimizer, data, train, seed)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
