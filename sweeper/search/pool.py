@@ -102,9 +102,8 @@ class InlineExecutor:
 
     def __init__(self, decide: Decide, record: Record, cache: ProcessCache | None = None) -> None:
         self.decide, self.record = decide, record
-        self.cache = (
-            cache if cache is not None else ProcessCache()
-        )  # this process's data set and compiled forwards, trial after trial
+        # this process's data set and compiled forwards, trial after trial
+        self.cache = cache if cache is not None else ProcessCache()
         self.done: list[Outcome] = []
         self.recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-record")  # one: in order
 

@@ -26,7 +26,7 @@ from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
 from sweeper.track.sync import sync_tracker
-from sweeper.trial.build import ProcessCache
+from sweeper.trial.build import DataCache, ProcessCache
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.preflight import dry_build
 
@@ -202,7 +202,7 @@ def _serve(
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     files = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
-        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records, cache)
+        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records, cache.data)
         summary.update(handed)
         files += exported
     summary_path = out_dir / "summary.json"
@@ -290,7 +290,7 @@ def handoff(
     tracker: Tracker,
     parent: str | None,
     records: list[TrialRecord],
-    cache: ProcessCache | None = None,
+    data_cache: DataCache | None = None,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Export the best trial's model to every format of ``spec.export`` (export.json) and
     register it under the sweep's run. Returns the summary's ``export`` and ``registry``
@@ -302,9 +302,7 @@ def handoff(
     try:
         top = next(r for r in records if r.number == best["number"])
         best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
-        model, data = rebuild(
-            spec.with_values(best["params"]), Path(best["checkpoint"]), cache.data if cache is not None else None
-        )
+        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache)
     except Exception as exc:
         return {
             "export": {
