@@ -35,7 +35,8 @@ class Drawing:
     def __init__(self, summary: dict[str, Any], folder: Path) -> None:
         self.spec = SweepSpec.model_validate(summary["spec"])
         self.records = [TrialRecord.model_validate(t) for t in summary.get("trials", [])]
-        self.folder, self.made, self.error = folder, search_plots.Plots(), None
+        self.folder, self.made = folder, search_plots.Plots()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._draw, name="sweeper-plots", daemon=True)
         self.thread.start()
 

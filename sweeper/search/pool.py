@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import ProcessCache, TrialConfig
@@ -34,7 +34,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option
 class Executor(Protocol):
     """Where a coordinator's trials run."""
 
-    slots: int  # tasks it can start now
+    @property
+    def slots(self) -> int:
+        """Tasks it can start now."""
 
     def submit(self, task: list[TrialConfig]) -> None:
         """Start a task: one trial, or several trained as one fused model."""
@@ -192,7 +194,8 @@ class ProcessPool:
                 if dead or time.monotonic() >= deadline:
                     return
                 continue
-            for conn in ready:
+            for ready_conn in ready:
+                conn = cast(Connection, ready_conn)  # wait() returns the objects it was given
                 index = self.conns.index(conn)
                 try:
                     kind, payload = conn.recv()

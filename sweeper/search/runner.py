@@ -129,7 +129,7 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
     warm = warm_start.prepare(spec, out_dir, cache)
     warm_start.log(tracker, parent, warm, out_dir)
     observer.note(warm.note)
-    lr = warm.spec.search.space[warm_start.LR]
+    lr = warm_start.lr_param(warm.spec)
     return Prepared(
         tracking_uri=redact(tracker.uri),
         parent_run_id=parent,
@@ -207,7 +207,8 @@ def _serve(
         files += exported
     summary_path = out_dir / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    report, *plots = _reviewed(drawing, summary) or [None]
+    reviewed = _reviewed(drawing, summary)  # [report, *plots], or none
+    report, plots = (reviewed[0], reviewed[1:]) if reviewed else (None, [])
     end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
     _send_journals(tracker, out_dir, "end")
     return summary
@@ -319,7 +320,7 @@ def handoff(
     handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
     if parent is not None:
         try:
-            handed["registry"] = publish.register(model, data, spec, tracker.uri, parent, best["values"])
+            handed["registry"] = publish.register(model, data, spec, str(tracker.uri), parent, best["values"])
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

@@ -21,7 +21,7 @@ from sweeper.trial.seeding import derive
 from sweeper.trial.states import TrialState
 
 # MLflow run status for a trial's final state; the others (complete, pruned, exploited) FINISHED
-STATUS = {TrialState.FAILED: "FAILED", TrialState.INTERRUPTED: "KILLED"}
+STATUS: dict[str, str] = {TrialState.FAILED: "FAILED", TrialState.INTERRUPTED: "KILLED"}
 # The end of a PBT trial's run that continues in a new run (not a TrialState: the trial goes on)
 EXPLOITED = "exploited"
 

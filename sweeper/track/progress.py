@@ -91,16 +91,21 @@ class RichObserver:
     def note(self, text: str) -> None:
         self.console.print(text)
 
+    def _started(self) -> SweepSpec:
+        assert self.spec is not None, "started() comes before any event"
+        return self.spec
+
     def _view(self) -> Group:
         recent = sorted(self.records, key=lambda r: r.number)[-SHOWN_ROWS:]
-        return Group(trials_table(recent, self.spec.goals), self.bars)
+        return Group(trials_table(recent, self._started().goals), self.bars)
 
     def event(self, event: TrialEvent) -> None:
+        spec = self._started()
         n = event.number
         if event.kind == "start":
-            self.tasks[n] = self.bars.add_task("", total=self.spec.train.epochs, number=n, metric="")
+            self.tasks[n] = self.bars.add_task("", total=spec.train.epochs, number=n, metric="")
         elif event.kind == "epoch" and n in self.tasks:
-            metric = self.spec.objective.metric
+            metric = spec.objective.metric
             self.bars.update(self.tasks[n], completed=event.epoch, metric=f"{metric}={fmt(event.metrics.get(metric))}")
         elif event.kind == "end" and event.record is not None:
             if n in self.tasks:

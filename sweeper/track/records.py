@@ -6,7 +6,7 @@ validates what it reads."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -16,7 +16,7 @@ from sweeper.track.mlflow import Tracker
 from sweeper.trial.states import FailureKind, TrialState
 
 TRIAL_JSON = "trial.json"
-TRIAL_JSON_VERSION = 1  # bump on an incompatible change of TrialJson's fields
+TRIAL_JSON_VERSION: Final = 1  # bump on an incompatible change of TrialJson's fields
 
 
 class _Record(BaseModel):

@@ -87,7 +87,8 @@ def fingerprint(data: DataSplits) -> str:
 
 def dataset_args(factory: Any, args: dict[str, Any], seed: int) -> dict[str, Any]:
     """``args`` plus ``seed`` when the dataset factory accepts it (the contract's injection)."""
-    if "seed" in (accepted_args(factory) or {"seed": None}):
+    accepted = accepted_args(factory)  # None: it takes any keyword
+    if accepted is None or "seed" in accepted:
         return {**args, "seed": seed}
     return dict(args)
 

@@ -73,7 +73,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
 
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
-        if saves_state(config, state["epoch"]):
+        if config.checkpoint and saves_state(config, state["epoch"]):
             checkpoint.save(Path(config.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
 

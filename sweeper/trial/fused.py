@@ -205,7 +205,7 @@ class FusedGroup:
                 norms.append(
                     nn.utils.clip_grad_norm_(params, clip)
                     if clip is not None
-                    else nn.utils.get_total_norm([p.grad for p in params])
+                    else nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
                 )
                 optimizer.step()
             norm = torch.stack(norms).float()
@@ -320,6 +320,8 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
         "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64),
     }
     steps = steps_per_epoch(data, train.batch_size)
+    engine = group.engine
+    assert engine is not None  # fit_fused sets it before the first epoch
     seen = 0
     for step in range(steps):
         members = group.active
@@ -337,7 +339,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
                 x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
             x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
             try:
-                grads, loss, right = group.engine.step(
+                grads, loss, right = engine.step(
                     group.params, group.buffers, x, data.train_y[micro], eps, micro.shape[1] / batch.shape[1]
                 )
             except torch.cuda.OutOfMemoryError:
@@ -350,6 +352,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
             totals["loss"].index_add_(0, rows, loss.float() * micro.shape[1])
             totals["correct"].index_add_(0, rows, right)
         seen += batch.shape[1]
+        assert grads_sum is not None  # train.accumulate >= 1: at least one micro-batch
         totals["norm"].index_add_(0, rows, group.step(members, grads_sum))
         if device.type == "cpu" or (step + 1) % FINITE_CHECK_EVERY == 0:
             _fail_non_finite(group, totals["loss"], epoch, step + 1)
@@ -382,13 +385,15 @@ def _evaluate_and_report(
     if not members:
         return
     started = time.perf_counter()
+    engine = group.engine
+    assert engine is not None  # fit_fused sets it before the first epoch
     data, train = members[0].parts.data, members[0].config.spec.train
     n = data.val_x.shape[0]
     loss = torch.zeros(len(members), device=data.val_x.device)
     correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
-    with torch.inference_mode(), group.engine.autocast():
+    with torch.inference_mode(), engine.autocast():
         for part in eval_batches(n, train.eval_batch_size):
-            out = group.engine.predict(
+            out = engine.predict(
                 group.params, group.buffers, data.inputs(data.val_x[part])
             ).float()  # (members, batch, classes)
             y = data.val_y[part]

@@ -153,7 +153,7 @@ def fit(
             scheduler.step(val_loss)
         metrics = epoch_metrics(
             train_loss=train_loss,
-            train_correct=correct.item(),
+            train_correct=int(correct.item()),
             seen=seen,
             val_loss=val_loss,
             val_acc=val_acc,

@@ -331,7 +331,7 @@ def _fit(spec: SweepSpec, ctx: SearchContext, state: TuneRun, addr: str | None) 
         random.seed(derive(spec.seed, "sweep"))
     if len(spec.goals) > 1:  # epochs report the trainer's metrics; the footprint comes with the last result
         os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
-    grid = tuner.fit()
+    grid: Any = tuner.fit()  # a ResultGrid: iterable by index
     # a trial Tune created but never started (the circuit breaker stopped the run) has no config
     records = sorted((_result_record(spec, r) for r in grid if r.config is not None), key=lambda r: r.number)
     _close_runs(tracker, ctx.sweep.parent_run_id, records)
