@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from sweeper.spec import load
-from sweeper.trial.build import TrialConfig, load_data, run_trial
+from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
 
 DIGITS = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"
@@ -24,7 +24,8 @@ DIGITS = Path(__file__).resolve().parents[1] / "search_spaces" / "digits.yaml"
 def main() -> None:
     configure_torch(threads=torch.get_num_threads(), deterministic=False)
     cpu = torch.device("cpu")
-    load_data(load(DIGITS), cpu)  # the data set is loaded once per process: not part of a trial
+    cache = ProcessCache()  # as a worker process keeps it: compiled forwards and data, trial after trial
+    cache.data.load(load(DIGITS), cpu)  # the data set is loaded once per process: not part of a trial
     for label, extra in (
         ("eager", []),
         ("compiled, first", ["train.compile=true"]),
@@ -32,7 +33,7 @@ def main() -> None:
     ):
         spec = load(DIGITS, ["train.epochs=3", "search.space={}", *extra])
         started = time.perf_counter()
-        history = run_trial(TrialConfig(0, 1, {}, spec), lambda epoch, metrics: None, cpu).history
+        history = run_trial(TrialConfig(0, 1, {}, spec), lambda epoch, metrics: None, cpu, cache=cache).history
         epochs = [round(h["epoch_seconds"], 2) for h in history]
         print(
             f"{label}: {time.perf_counter() - started:.1f} s for 3 epochs (epoch seconds {epochs}), "

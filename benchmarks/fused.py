@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from sweeper.spec import load
-from sweeper.trial.build import TrialConfig, load_data, run_trial
+from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.fused import fit_fused
 from sweeper.trial.seeding import configure_torch, trial_seed
 
@@ -42,10 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     configure_torch(threads=torch.get_num_threads(), deterministic=False)
     cpu = torch.device("cpu")
-    load_data(configs(1, args.epochs)[0].spec, cpu)  # loaded once per process, for both
+    cache = ProcessCache()
+    cache.data.load(configs(1, args.epochs)[0].spec, cpu)  # loaded once per process, for both
     warm = configs(2, 1)  # first calls (lazy imports, allocator) out of the timings
-    run_trial(warm[0], lambda epoch, metrics: None, cpu)
-    fit_fused(warm, cpu, lambda k, epoch, metrics: None)
+    run_trial(warm[0], lambda epoch, metrics: None, cpu, cache=cache)
+    fit_fused(warm, cpu, lambda k, epoch, metrics: None, cache=cache)
     print(f"digits CNN, {args.epochs} epochs a trial, {torch.get_num_threads()} threads")
     print(
         f"{'N':>4} {'solo s':>8} {'fused s':>8} {'vmap s':>8} {'solo trials/h':>14} {'fused trials/h':>15} "
@@ -54,16 +55,16 @@ def main() -> None:
     for n in args.sizes:
         trials = configs(n, args.epochs)
         started = time.perf_counter()
-        solo = [run_trial(c, lambda epoch, metrics: None, cpu).history[-1]["val_acc"] for c in trials]
+        solo = [run_trial(c, lambda epoch, metrics: None, cpu, cache=cache).history[-1]["val_acc"] for c in trials]
         solo_s = time.perf_counter() - started
         started = time.perf_counter()
         fused = [
             m.history[-1]["val_acc"] if m.history else math.nan
-            for m in fit_fused(trials, cpu, lambda k, epoch, metrics: None)
+            for m in fit_fused(trials, cpu, lambda k, epoch, metrics: None, cache=cache)
         ]
         fused_s = time.perf_counter() - started
         started = time.perf_counter()
-        fit_fused(trials, cpu, lambda k, epoch, metrics: None, layered=False)
+        fit_fused(trials, cpu, lambda k, epoch, metrics: None, layered=False, cache=cache)
         vmap_s = time.perf_counter() - started
         print(
             f"{n:>4} {solo_s:>8.1f} {fused_s:>8.1f} {vmap_s:>8.1f} {n * 3600 / solo_s:>14,.0f} "

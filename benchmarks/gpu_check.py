@@ -302,7 +302,7 @@ def check_compile(device: str, small: bool) -> dict[str, Any]:
             else resnet18(input_shape=(3, 32, 32), num_classes=10, width=64)
         )
         model = speed.to_memory_format(built.to(device), torch.device(device))
-        net = speed.compile_model(model) if kind == "compiled" else model
+        net = speed.CompiledForwards().model(model) if kind == "compiled" else model
         opt = torch.optim.AdamW(
             model.parameters(), lr=1e-3, **speed.optimizer_args(torch.optim.AdamW, {}, torch.device(device))
         )
@@ -394,7 +394,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     import torch
 
     from sweeper.spec import load
-    from sweeper.trial.build import TrialConfig, load_data, run_trial
+    from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
     from sweeper.trial.fused import fit_fused
 
     digits = REPO / "search_spaces" / "digits.yaml"
@@ -468,10 +468,11 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
         )
         configs.append(TrialConfig(number, 1000 + number, {}, spec))
     dev = torch.device(device)
-    load_data(configs[0].spec, dev)
-    run_trial(configs[0], lambda epoch, metrics: None, dev)  # warm: first calls out of the timing
+    cache = ProcessCache()
+    cache.data.load(configs[0].spec, dev)
+    run_trial(configs[0], lambda epoch, metrics: None, dev, cache=cache)  # warm: first calls out of the timing
     started = time.perf_counter()
-    _ = [run_trial(config, lambda epoch, metrics: None, dev) for config in configs]
+    _ = [run_trial(config, lambda epoch, metrics: None, dev, cache=cache) for config in configs]
     solo_s = time.perf_counter() - started
     out["airbench_sized"] = {
         "members": n,
@@ -482,7 +483,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     }
     for layered in (True, False):  # the layered form (grouped kernels) and vmap: which is faster here?
         started = time.perf_counter()
-        engine = fit_fused(configs, dev, lambda k, epoch, metrics: None, layered=layered)[0].engine
+        engine = fit_fused(configs, dev, lambda k, epoch, metrics: None, layered=layered, cache=cache)[0].engine
         seconds = time.perf_counter() - started
         out["airbench_sized"].update({f"{engine}_s": round(seconds, 1), f"{engine}_ratio": round(solo_s / seconds, 2)})
     return out

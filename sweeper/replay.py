@@ -19,6 +19,7 @@ from sweeper.track.records import load_trial
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.execute import Decide, Outcome, execute, execute_group
 from sweeper.trial.seeding import derive
+from sweeper.trial.states import TrialState
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
 UNREPRODUCIBLE = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
@@ -82,7 +83,7 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
 
     def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
         state, stopped_at = stops[number]
-        return state == "pruned" and epoch >= stopped_at  # stop where the original was stopped
+        return state == TrialState.PRUNED and epoch >= stopped_at  # stop where the original was stopped
 
     with tempfile.TemporaryDirectory() as tmp:
         config = TrialConfig(
@@ -96,7 +97,7 @@ def replay(run_id: str, tracking_uri: str, solo: bool = False) -> ReplayReport:
                 report.tolerance, report.fused_alone = max(report.tolerance, FUSED_RTOL), True
             outcome = execute(config, decide)
     report.state = outcome.state
-    if outcome.state == "failed" and tags.get(f"{TAG}state") != "failed":
+    if outcome.state == TrialState.FAILED and tags.get(f"{TAG}state") != TrialState.FAILED:
         report.warnings.append(f"the replay failed: {outcome.reason}")
     for key in ("torch", "cuda", "device_name", "data_fingerprint"):
         old, new = tags.get(f"{TAG}{key}"), outcome.info.get(key)

@@ -17,6 +17,7 @@ from sweeper.search import faults
 from sweeper.search.pool import death
 from sweeper.spec import load
 from sweeper.track.records import TrialRecord
+from sweeper.trial.states import FailureKind, TrialState
 
 
 @pytest.fixture
@@ -131,8 +132,30 @@ def test_the_breaker_trips_only_on_the_same_error_before_any_trial_trained():
     assert faults.breaker_trips(spec, [_record(9, "pruned"), *same]) is None  # a trial trained: no pattern
     lost = [_record(3, "failed", "oom: OutOfMemoryError"), _record(4, "failed", "interrupted: its worker died")]
     assert faults.breaker_trips(spec, [*same[:2], *lost]) is None  # the machine's failures do not count
+    leased = TrialRecord(number=5, state=TrialState.FAILED, params={}, failure=FailureKind.LOST_LEASE, reason="x")
+    assert faults.breaker_trips(spec, [*same[:2], leased]) is None  # its failure says so, not its reason
     off = load(SPACES / "smoke.yaml", ["search.max_failures_in_a_row=0"])
     assert faults.breaker_trips(off, same) is None
+
+
+def test_trial_records_of_older_summaries_read_the_same():
+    """summary.json's trials (and Optuna's stored trials) before ``failure`` existed said a
+    resource failure in the reason's prefix; they read with its FailureKind, and every record
+    round-trips through summary.json's strings."""
+    old = [
+        {"number": 0, "state": "complete", "params": {"a": 1}, "value": 0.5, "epochs": 2},
+        {"number": 1, "state": "failed", "params": {}, "reason": "oom: OutOfMemoryError: CUDA out of memory"},
+        {"number": 2, "state": "failed", "params": {}, "reason": "interrupted: its worker died; retried"},
+        {"number": 3, "state": "failed", "params": {}, "reason": "ValueError: bad"},
+        {"number": 4, "state": "pruned", "params": {}, "reason": "oom: not a failure"},
+    ]
+    records = [TrialRecord.model_validate(t) for t in old]
+    assert [r.state for r in records] == [TrialState.COMPLETE, *[TrialState.FAILED] * 3, TrialState.PRUNED]
+    assert [r.failure for r in records] == [None, FailureKind.OUT_OF_MEMORY, FailureKind.LOST_WORKER, None, None]
+    for r in records:
+        dumped = json.loads(json.dumps(r.model_dump(mode="json")))
+        assert dumped["state"] == r.state.value and TrialRecord.model_validate(dumped) == r
+    assert TrialRecord.model_validate({"number": 5, "state": "interrupted", "params": {}}).state.finished
 
 
 def test_a_dead_worker_says_why():

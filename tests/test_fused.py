@@ -51,6 +51,7 @@ def mixed(*common: str) -> list[TrialConfig]:
 def assert_matches_solo(config: TrialConfig, history: list[dict[str, float]]) -> None:
     solo = run_trial(config, lambda epoch, metrics: None, CPU)
     assert len(history) == len(solo.history)
+    assert [list(h) for h in history] == [list(h) for h in solo.history]  # one builder: the same metrics
     for fused_epoch, solo_epoch in zip(learned(history), learned(solo.history)):
         for key, value in solo_epoch.items():
             assert fused_epoch[key] == pytest.approx(value, rel=TOLERANCE, abs=1e-12), (config.number, key)

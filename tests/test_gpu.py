@@ -87,3 +87,21 @@ def test_deterministic_mode_is_bitwise_on_cuda(tmp_path: Path):
     finally:
         configure_torch(threads=threads, deterministic=False)
     assert learned(a.history) == learned(b.history)
+
+
+def test_a_fused_member_reports_what_a_solo_trial_reports_on_cuda():
+    """One builder of an epoch's metrics (trainer.epoch_metrics): a fused member's epochs carry
+    the solo trial's metrics, the device's peak memory (the group's) included."""
+    from conftest import config
+
+    from sweeper.trial.fused import fit_fused
+
+    configs = [
+        TrialConfig(k, 10 + k, {}, config("train.epochs=2", "train.device=cuda", "train.precision=fp32").spec)
+        for k in range(2)
+    ]
+    members = fit_fused(configs, GPU, lambda k, epoch, metrics: None)
+    solo = run_trial(configs[0], lambda epoch, metrics: None, GPU)
+    assert [m.state for m in members] == ["complete"] * 2
+    assert all(list(h) == list(solo.history[0]) for m in members for h in m.history)
+    assert all(h["gpu_mem_peak_mb"] > 0 for m in members for h in m.history)

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from conftest import config, learned
 
-from sweeper.search import pool as pool_module
-from sweeper.search.pool import InlineExecutor, ProcessPool, discard_prestarted, executor, prestart
-from sweeper.trial.build import TrialConfig
+from sweeper.search.pool import InlineExecutor, Prestarted, ProcessPool, executor
+from sweeper.trial.build import ProcessCache, TrialConfig
 
 
 def task(number: int, tmp: Path, **kwargs) -> TrialConfig:
@@ -57,10 +56,11 @@ def test_inline_executor_runs_one_trial_at_a_time(tmp_path: Path):
 
 def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
     calls = Calls(prune=1, at=2)
-    prestart(2)  # as run_sweep does, before its preflight: the pool takes these workers
-    early = [proc.pid for proc, _ in pool_module._prestarted]
-    pool = ProcessPool(2, calls.decide, calls.record)
-    assert [proc.pid for proc in pool.procs] == early and not pool_module._prestarted
+    prestarted = Prestarted()
+    prestarted.start(2)  # as run_sweep does, before its preflight: the pool takes these workers
+    early = [proc.pid for proc, _ in prestarted.workers]
+    pool = ProcessPool(2, calls.decide, calls.record, prestarted)
+    assert [proc.pid for proc in pool.procs] == early and not prestarted.workers
     try:
         pool.submit([task(0, tmp_path)])
         pool.submit([task(1, tmp_path)])
@@ -83,10 +83,11 @@ def test_process_pool_runs_trials_side_by_side_and_prunes(tmp_path: Path):
 
 
 def test_prestarted_workers_that_no_pool_takes_are_stopped():
-    prestart(2)
-    procs = [proc for proc, _ in pool_module._prestarted]
-    discard_prestarted()  # the sweep stopped before it trained (a spec or preflight error)
-    assert not pool_module._prestarted and not any(proc.is_alive() for proc in procs)
+    prestarted = Prestarted()
+    prestarted.start(2)
+    procs = [proc for proc, _ in prestarted.workers]
+    prestarted.discard()  # the sweep stopped before it trained (a spec or preflight error)
+    assert not prestarted.workers and not any(proc.is_alive() for proc in procs)
 
 
 def test_a_dead_worker_interrupts_its_trial_and_is_replaced(tmp_path: Path):
@@ -112,3 +113,17 @@ def test_a_dead_worker_interrupts_its_trial_and_is_replaced(tmp_path: Path):
     finally:
         pool.close()
     assert alive.state == "complete" and alive.number == 1
+
+
+def test_the_trials_of_one_process_share_its_data_set(tmp_path: Path):
+    """A worker process (and the sweep's own, inline) loads the data set once, not per trial:
+    its ProcessCache holds it from one trial to the next."""
+    cache = ProcessCache()
+    inline = InlineExecutor(lambda *a: False, lambda *a: None, cache)
+    inline.submit([task(0, tmp_path)])
+    (first,) = cache.data.held.values()
+    inline.submit([task(1, tmp_path)])
+    assert [o.state for o in inline.results()] == ["complete"] * 2
+    (second,) = cache.data.held.values()
+    assert second[0] is first[0]
+    inline.close()

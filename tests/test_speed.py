@@ -13,7 +13,7 @@ from conftest import config, learned
 
 from sweeper.pluginhost import registry
 from sweeper.trial import checkpoint, speed
-from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.execute import execute
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
@@ -95,7 +95,6 @@ def cheap_compile(monkeypatch: pytest.MonkeyPatch):
     """torch.compile with the aot_eager backend (the same graph capture, no code generation:
     inductor's C++ build takes about a minute on 2 cores)."""
     monkeypatch.setattr(speed, "COMPILE_BACKEND", "aot_eager")
-    monkeypatch.setattr(speed, "_compiled", {})
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -104,14 +103,15 @@ def cheap_compile(monkeypatch: pytest.MonkeyPatch):
 def test_compiled_trials_of_one_architecture_share_one_compiled_forward(cheap_compile: None, tmp_path: Path):
     from torch._dynamo.utils import counters
 
+    cache = ProcessCache()  # what a worker process keeps between its trials
     base = config("train.compile=true", "train.epochs=2", "schedule.plugin=none")
-    first = run_trial(base, lambda e, m: None, CPU)
+    first = run_trial(base, lambda e, m: None, CPU, cache=cache)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 2  # training and evaluation (the last, shorter batches each add one)
     again = TrialConfig(1, 7, {}, base.spec, checkpoint=str(tmp_path / "1.pt"))
-    outcome = execute(again, lambda *a: False)  # another trial, its own weights: nothing compiled
+    outcome = execute(again, lambda *a: False, cache=cache)  # another trial, its own weights: nothing compiled
     assert outcome.state == "complete" and counters["stats"]["unique_graphs"] == graphs
-    assert len(speed._compiled) == 1
+    assert len(cache.compiled) == 1
 
     eager = run_trial(config("train.epochs=2", "schedule.plugin=none"), lambda e, m: None, CPU)
     for c, e in zip(learned(first.history), learned(eager.history)):
@@ -121,5 +121,5 @@ def test_compiled_trials_of_one_architecture_share_one_compiled_forward(cheap_co
     assert set(saved) == set(first.model.state_dict())
 
     wider = config("train.compile=true", "train.epochs=1", "model.args.hidden=64")
-    run_trial(wider, lambda e, m: None, CPU)
-    assert len(speed._compiled) == 2  # another architecture, another compiled forward
+    run_trial(wider, lambda e, m: None, CPU, cache=cache)
+    assert len(cache.compiled) == 2  # another architecture, another compiled forward

@@ -84,21 +84,28 @@ def test_grad_clip_bounds_each_update():
 
 
 def test_plateau_schedule_steps_per_epoch_on_val_loss():
-    trained = run_trial(
-        config(
-            "schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}", "optimizer.args={lr: 0.1}", "train.epochs=4"
-        ),
-        lambda e, m: None,
-        CPU,
+    """The one test of this rule, for both trainers that apply it: the solo trainer and each
+    member of a fused group (trial/fused.py steps each member's plateau schedule on its own
+    validation loss)."""
+    from sweeper.trial.build import TrialConfig
+    from sweeper.trial.fused import fit_fused
+
+    plateau = config(
+        "schedule={plugin: plateau, args: {patience: 0, factor: 0.5}}", "optimizer.args={lr: 0.1}", "train.epochs=4"
     )
-    lrs = [h["lr"] for h in trained.history]
-    # patience 0: the LR halves after each epoch whose validation loss is not below the best so
-    # far (ReduceLROnPlateau's relative threshold 1e-4), and only then: it steps per epoch
-    expected, best = [0.1], trained.history[0]["val_loss"]
-    for h in trained.history[1:]:
-        expected.append(expected[-1] if h["val_loss"] < best * (1 - 1e-4) else expected[-1] * 0.5)
-        best = min(best, h["val_loss"])
-    assert lrs == pytest.approx(expected) and lrs[-1] < lrs[0]  # this config's LR does drop
+    solo = run_trial(plateau, lambda e, m: None, CPU).history
+    members = [TrialConfig(k, 1 + k, {}, plateau.spec) for k in range(2)]
+    fused = [m.history for m in fit_fused(members, CPU, lambda k, e, m: None)]
+    for history in (solo, *fused):
+        lrs = [h["lr"] for h in history]
+        # patience 0: the LR halves after each epoch whose validation loss is not below the best so
+        # far (ReduceLROnPlateau's relative threshold 1e-4), and only then: it steps per epoch
+        expected, best = [0.1], history[0]["val_loss"]
+        for h in history[1:]:
+            expected.append(expected[-1] if h["val_loss"] < best * (1 - 1e-4) else expected[-1] * 0.5)
+            best = min(best, h["val_loss"])
+        assert lrs == pytest.approx(expected)
+    assert solo[-1]["lr"] < solo[0]["lr"]  # this config's LR does drop
 
 
 def test_bf16_autocast_runs_on_cpu():

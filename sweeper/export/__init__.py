@@ -49,9 +49,7 @@ def export_model(
     with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
         ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
         for fmt in names or spec.formats:
-            entries.append(
-                _one(fmt, lambda p, f=fmt: formats.FORMATS[f].write(model, example, p), out_dir, ref, spec.atol)
-            )
+            entries.append(_one(fmt, _writer(fmt, model, example), out_dir, ref, spec.atol))
         onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
         if spec.quantize and onnx_ok:
             src = out_dir / formats.FORMATS["onnx"].file
@@ -63,7 +61,7 @@ def export_model(
                 files.write_atomic(side, json.dumps({k: entry[k] for k in kept}, indent=2))
                 entry["files"].append(str(side))
             entries.append(entry)
-    report = {
+    report: dict[str, Any] = {
         "source": source or {},
         "input": {"shape": [None, *data.input_shape], "dtype": "float32", "batch_dim": 0},
         "output": {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
@@ -78,6 +76,12 @@ def export_model(
     files.write_atomic(path, json.dumps(report, indent=2))
     report["json"] = str(path)
     return report
+
+
+def _writer(fmt: str, model: Any, example: Any) -> Callable[[Path], dict[str, Any]]:
+    """Writes ``model`` in ``fmt`` to a path (the format is looked up when it writes: an unknown
+    one is the entry's error)."""
+    return lambda path: formats.FORMATS[fmt].write(model, example, path)
 
 
 def _one(

@@ -11,6 +11,7 @@ from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import TrialJson, load_trial
 from sweeper.trial.build import rebuild
 from sweeper.trial.checkpoint import CorruptCheckpoint
+from sweeper.trial.states import TrialState
 
 
 def parse_formats(values: list[str] | None) -> list[str] | None:
@@ -84,7 +85,7 @@ def export_trial(
     tracker = Tracker(tracking_uri)
     run, record = load_trial(tracker, run_id)
     number, state = record.number, run.data.tags.get(f"{TAG}state")
-    if state != "complete":
+    if state != TrialState.COMPLETE:
         raise UserError(
             f"run {run_id} is trial {number}, which {state or 'has not finished'}: only a completed "
             f"trial has a checkpoint to export"

@@ -19,6 +19,7 @@ from sweeper.review.study_view import study_of
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker, resolve_uri
 from sweeper.track.records import TrialRecord
+from sweeper.trial.states import TrialState
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
@@ -34,7 +35,8 @@ class Drawing:
     def __init__(self, summary: dict[str, Any], folder: Path) -> None:
         self.spec = SweepSpec.model_validate(summary["spec"])
         self.records = [TrialRecord.model_validate(t) for t in summary.get("trials", [])]
-        self.folder, self.made, self.error = folder, search_plots.Plots(), None
+        self.folder, self.made = folder, search_plots.Plots()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._draw, name="sweeper-plots", daemon=True)
         self.thread.start()
 
@@ -122,7 +124,7 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
     parts += _plots(made)
     parts += _lr_finder(summary.get("lr_finder"))
     parts += _export(summary.get("export"), summary.get("registry"))
-    failed = [r for r in records if r.state == "failed"]
+    failed = [r for r in records if r.state == TrialState.FAILED]
     parts.append("<h2>Failures</h2>")
     parts.append(
         _table(["trial", "reason"], [[r.number, r.reason or ""] for r in failed])

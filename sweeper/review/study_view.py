@@ -11,13 +11,19 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.trial import TrialState
+from optuna.trial import TrialState as OptunaState
 
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.records import TrialRecord
+from sweeper.trial.states import TrialState
 
-STATES = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED, "failed": TrialState.FAIL}
+# the finished states a study holds (an interrupted attempt is not a trial of the study)
+STATES = {
+    TrialState.COMPLETE: OptunaState.COMPLETE,
+    TrialState.PRUNED: OptunaState.PRUNED,
+    TrialState.FAILED: OptunaState.FAIL,
+}
 PRIMITIVE = (type(None), bool, int, float, str)  # what Optuna's categorical choices may be
 
 
@@ -46,7 +52,7 @@ def study_of(spec: SweepSpec, records: list[TrialRecord]) -> optuna.Study:
     trials = []
     for r in sorted(records, key=lambda r: r.number):
         scores = r.scores(spec)
-        if r.state not in STATES or (r.state == "complete" and scores is None):
+        if r.state not in STATES or (r.state == TrialState.COMPLETE and scores is None):
             continue
         params = {k: _choice(v) for k, v in r.params.items() if k in spaces}
         params = {k: v for k, v in params.items() if _within(spaces[k], v)}

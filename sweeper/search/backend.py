@@ -13,13 +13,17 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sweeper.search.state import SweepStore
 from sweeper.search.trial_runs import SweepInfo
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialEvent, TrialRecord
+
+if TYPE_CHECKING:  # imported on use: torch
+    from sweeper.search.pool import Prestarted
+    from sweeper.trial.build import ProcessCache
 
 # search.backend -> the class implementing it (imported on use: ray is heavy)
 BACKENDS = {"optuna": "sweeper.search.optuna:OptunaBackend", "ray": "sweeper.search.ray:RayBackend"}
@@ -43,6 +47,9 @@ class SearchContext:
     role: str = "run"  # run: serve the sweep until every trial has finished; worker: until none waits
     # params of the sweep's first trials (the LR-finder warm start)
     enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # this process's data set and compiled forwards (the LR warm start's data set, for trials it trains)
+    cache: ProcessCache | None = None
+    prestarted: Prestarted | None = None  # worker processes started early, for a pool to take
 
 
 @dataclass(frozen=True)

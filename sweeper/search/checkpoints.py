@@ -20,6 +20,7 @@ from sweeper.spec.objectives import choose, pareto_front
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialRecord
 from sweeper.trial.checkpoint import trial_path
+from sweeper.trial.states import TrialState
 
 ARTIFACT_FOLDER = "checkpoint"  # in a trial's MLflow run
 
@@ -69,13 +70,13 @@ def fetch(spec: SweepSpec, tracker: Tracker, record: TrialRecord, out_dir: Path)
 def best(spec: SweepSpec, records: list[TrialRecord]) -> TrialRecord | None:
     """The sweep's best trial: the completed trial with the best objective value (the lowest
     number on ties); with objectives, the point of the Pareto front export.choose picks."""
-    complete = sorted((r for r in records if r.state == "complete"), key=lambda r: r.number)
+    complete = sorted((r for r in records if r.state == TrialState.COMPLETE), key=lambda r: r.number)
     return choose(spec.goals, spec.export.choose, complete, lambda r: r.scores(spec))
 
 
 def front(spec: SweepSpec, records: list[TrialRecord]) -> list[TrialRecord]:
     """The completed trials no other one beats on every objective (by number)."""
-    complete = sorted((r for r in records if r.state == "complete"), key=lambda r: r.number)
+    complete = sorted((r for r in records if r.state == TrialState.COMPLETE), key=lambda r: r.number)
     return pareto_front(spec.goals, complete, lambda r: r.scores(spec))
 
 
@@ -85,7 +86,7 @@ def standing(spec: SweepSpec, records: list[TrialRecord]) -> dict[str, Any]:
     Pareto front (None with one objective)."""
     counts: dict[str, int] = {}
     for r in records:
-        counts[r.state] = counts.get(r.state, 0) + 1
+        counts[r.state.value] = counts.get(r.state.value, 0) + 1
     top = best(spec, records)
     entry = (
         None
@@ -123,7 +124,7 @@ def kept(spec: SweepSpec, records: list[TrialRecord]) -> list[int]:
     """Trial numbers whose checkpoint the sweep keeps: every complete trial's, or the best's
     (with objectives: the Pareto front's, so `sweeper export RUN_ID` reaches any point of it)."""
     if spec.export.keep_checkpoints == "all":
-        return sorted(r.number for r in records if r.state == "complete")
+        return sorted(r.number for r in records if r.state == TrialState.COMPLETE)
     if len(spec.goals) > 1:
         return [r.number for r in front(spec, records)]
     top = best(spec, records)
@@ -147,7 +148,7 @@ def prune(spec: SweepSpec, records: list[TrialRecord], out_dir: Path) -> None:
     """Delete the checkpoints of finished trials that are not kept."""
     keep = set(kept(spec, records))
     for r in records:
-        if r.state in ("complete", "pruned", "failed") and r.number not in keep:
+        if r.state.finished and r.number not in keep:
             trial_path(out_dir, r.number).unlink(missing_ok=True)
             if (shared := published_path(spec, r.number)) is not None:  # other processes' beaten trials
                 shared.unlink(missing_ok=True)

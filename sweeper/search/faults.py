@@ -18,15 +18,18 @@ from collections.abc import Iterable
 from sweeper.errors import SweepStopped
 from sweeper.spec import SweepSpec
 from sweeper.track.records import TrialRecord
-from sweeper.trial.execute import OOM
+from sweeper.trial.states import FailureKind, TrialState
 
 _NUMBER = re.compile(r"\d+(\.\d+)?")
+# The failures of a machine, not of the trial's configuration: the trial is retried, and its
+# failure says nothing about its parameters. Not LOST_CONTEXT: the kernel fault that broke the
+# context is most likely the trial's own (its process is replaced; the trial is not retried).
+RESOURCE_FAILURES = (FailureKind.OUT_OF_MEMORY, FailureKind.LOST_WORKER, FailureKind.LOST_LEASE)
 
 
-def resource_failure(reason: str | None) -> bool:
-    """True for the failures of a machine, not of the trial's configuration: out of memory, a
-    worker or machine lost (the trial is retried: it says nothing about its parameters)."""
-    return bool(reason) and (reason == OOM or reason.startswith((f"{OOM}:", "interrupted")))
+def resource_failure(record: TrialRecord) -> bool:
+    """True for a failed trial that failed for lack of a machine's resources (RESOURCE_FAILURES)."""
+    return record.failure in RESOURCE_FAILURES
 
 
 def same_error(reason: str) -> str:
@@ -43,9 +46,9 @@ def breaker_trips(spec: SweepSpec, records: Iterable[TrialRecord]) -> str | None
         return None
     failures = []
     for r in sorted(records, key=lambda r: r.number):
-        if r.state in ("complete", "pruned"):
+        if r.state.trained:
             return None
-        if r.state == "failed" and not resource_failure(r.reason):
+        if r.state == TrialState.FAILED and not resource_failure(r):
             failures.append(r)
     if len(failures) < limit or len({same_error(r.reason or "") for r in failures[:limit]}) != 1:
         return None
@@ -58,7 +61,7 @@ def breaker(spec: SweepSpec, records: list[TrialRecord], left: int | None) -> Sw
     error = breaker_trips(spec, records)
     if error is None:
         return None
-    failed = [r for r in records if r.state == "failed" and not resource_failure(r.reason)]
+    failed = [r for r in records if r.state == TrialState.FAILED and not resource_failure(r)]
     budget = f"the other {left} trial(s) of the budget were not started" if left else "no further trial started"
     run = failed[0].mlflow_run_id
     traceback = f"error.txt in MLflow run {run} (trial {failed[0].number})" if run else "in its MLflow run"

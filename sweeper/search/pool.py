@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sweeper.errors import SweepStopped
-from sweeper.trial.build import TrialConfig
+from sweeper.trial.build import ProcessCache, TrialConfig
 from sweeper.trial.execute import Decide, Outcome, execute_group
 from sweeper.trial.states import FailureKind, TrialState
 
@@ -34,7 +34,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option
 class Executor(Protocol):
     """Where a coordinator's trials run."""
 
-    slots: int  # tasks it can start now
+    @property
+    def slots(self) -> int:
+        """Tasks it can start now."""
 
     def submit(self, task: list[TrialConfig]) -> None:
         """Start a task: one trial, or several trained as one fused model."""
@@ -46,34 +48,52 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-# Worker processes spawned before their pool (prestart): (process, this side's pipe), by index
-_prestarted: list[tuple[Any, Connection]] = []
+class Prestarted:
+    """Worker processes spawned before their pool: their start (importing torch, then
+    torch._dynamo, which torch.optim imports on first use: ~3 s a process here) overlaps this
+    process's own (the preflight, MLflow, the Optuna storage). The sweep holds them until its
+    ProcessPool takes them; ``discard`` stops those no pool took."""
+
+    def __init__(self) -> None:
+        self.workers: list[tuple[Any, Connection]] = []  # (process, this side's pipe), by index
+
+    def start(self, n: int) -> None:
+        """Spawn workers until ``n`` wait."""
+        ctx = mp.get_context("spawn")
+        for index in range(len(self.workers), n):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker_loop, args=(index, theirs, os.getpid()), daemon=True)
+            proc.start()
+            theirs.close()
+            self.workers.append((proc, mine))
+
+    def take(self, n: int) -> list[tuple[Any, Connection]]:
+        """The first ``n`` workers, for a pool; the others are stopped (more than it needs)."""
+        taken, self.workers = self.workers[:n], self.workers[n:]
+        self.discard()
+        return taken
+
+    def discard(self) -> None:
+        """Stop the workers no pool took (the sweep stopped before it trained)."""
+        while self.workers:
+            proc, conn = self.workers.pop()
+            proc.terminate()  # it holds nothing yet: no trial, no file
+            proc.join(timeout=5)
+            conn.close()
 
 
-def prestart(n: int) -> None:
-    """Spawn ``n`` worker processes now: their start (importing torch, then torch._dynamo, which
-    torch.optim imports on first use: ~3 s a process here) overlaps this process's own (the
-    preflight, MLflow, the Optuna storage). The next ProcessPool takes them."""
-    ctx = mp.get_context("spawn")
-    for index in range(len(_prestarted), n):
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_worker_loop, args=(index, theirs, os.getpid()), daemon=True)
-        proc.start()
-        theirs.close()
-        _prestarted.append((proc, mine))
-
-
-def discard_prestarted() -> None:
-    """Stop the prestarted workers no pool took (the sweep stopped before it trained)."""
-    while _prestarted:
-        proc, conn = _prestarted.pop()
-        proc.terminate()  # it holds nothing yet: no trial, no file
-        proc.join(timeout=5)
-        conn.close()
-
-
-def executor(parallel: int, decide: Decide, record: Record) -> Executor:
-    return InlineExecutor(decide, record) if parallel == 1 else ProcessPool(parallel, decide, record)
+def executor(
+    parallel: int,
+    decide: Decide,
+    record: Record,
+    cache: ProcessCache | None = None,
+    prestarted: Prestarted | None = None,
+) -> Executor:
+    """Where the trials run: this process (parallel 1; with ``cache``, this process's data set
+    and compiled forwards) or a pool of ``parallel`` workers (taking the ``prestarted`` ones)."""
+    if parallel == 1:
+        return InlineExecutor(decide, record, cache)
+    return ProcessPool(parallel, decide, record, prestarted)
 
 
 class InlineExecutor:
@@ -82,8 +102,10 @@ class InlineExecutor:
     written by a recording thread, in order, meanwhile (a GPU is not left idle while they go
     out), and all of a trial's records are written before its outcome is handed on."""
 
-    def __init__(self, decide: Decide, record: Record) -> None:
+    def __init__(self, decide: Decide, record: Record, cache: ProcessCache | None = None) -> None:
         self.decide, self.record = decide, record
+        # this process's data set and compiled forwards, trial after trial
+        self.cache = cache if cache is not None else ProcessCache()
         self.done: list[Outcome] = []
         self.recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-record")  # one: in order
 
@@ -99,7 +121,7 @@ class InlineExecutor:
             records.append(self.recorder.submit(self.record, number, epoch, metrics))
             return prune
 
-        outcomes = execute_group(task, decide)
+        outcomes = execute_group(task, decide, cache=self.cache)
         for written in records:
             written.result()  # raises what the recording raised
         self.done.extend(outcomes)
@@ -128,14 +150,12 @@ class ProcessPool:
     a crash in native code) takes only its own pipe with it. Queues shared by all workers would
     not do: a worker killed while it holds a queue's lock blocks every other worker's writes."""
 
-    def __init__(self, n: int, decide: Decide, record: Record) -> None:
+    def __init__(self, n: int, decide: Decide, record: Record, prestarted: Prestarted | None = None) -> None:
         self.ctx = mp.get_context("spawn")  # forking after torch/sqlite have started is unsafe
         self.decide, self.record = decide, record
         self.procs: list[Any] = [None] * n
         self.conns: list[Connection] = [None] * n  # type: ignore[list-item]
-        taken = _prestarted[:n]
-        del _prestarted[:n]
-        discard_prestarted()  # more than this pool needs
+        taken = prestarted.take(n) if prestarted is not None else []
         for index in range(n):
             if index < len(taken):
                 self.procs[index], self.conns[index] = taken[index]
@@ -174,7 +194,8 @@ class ProcessPool:
                 if dead or time.monotonic() >= deadline:
                     return
                 continue
-            for conn in ready:
+            for ready_conn in ready:
+                conn = cast(Connection, ready_conn)  # wait() returns the objects it was given
                 index = self.conns.index(conn)
                 try:
                     kind, payload = conn.recv()
@@ -290,9 +311,10 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
 
     # torch.optim's first use imports torch._dynamo (~1.5 s): now, while the coordinator starts
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    cache = ProcessCache()  # the data set and compiled forwards of this worker's trials, for its lifetime
     try:
         while (task := conn.recv()) is not None:
-            outcomes = execute_group(task, decide, index)
+            outcomes = execute_group(task, decide, index, cache)
             conn.send(("end", outcomes))
             if any(
                 o.context_lost for o in outcomes

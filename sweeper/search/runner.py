@@ -26,6 +26,7 @@ from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
 from sweeper.track.sync import sync_tracker
+from sweeper.trial.build import DataCache, ProcessCache
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.preflight import dry_build
 
@@ -99,8 +100,10 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
+    cache = ProcessCache()  # this process's data set (warm start, inline trials, export) and compiled forwards
+    prestarted = pool.Prestarted()
     if spec.search.backend == "optuna" and spec.search.parallel > 1:
-        pool.prestart(spec.search.parallel)  # the workers start while this process prepares
+        prestarted.start(spec.search.parallel)  # the workers start while this process prepares
     try:
         # data prepared once, each plugin choice built on the CPU: before any file, run or trial
         for warning in dry_build(spec).warnings:
@@ -109,24 +112,24 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
         with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
             store = searcher.store(spec, out_dir)
             try:
-                return _serve(spec, out_dir, observer, role, searcher, store)
+                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted)
             finally:
                 store.close()
     finally:
-        pool.discard_prestarted()  # none when the pool took them
+        prestarted.discard()  # none when the pool took them
 
 
-def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer) -> Prepared:
+def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer, cache: ProcessCache) -> Prepared:
     """This process prepares the sweep: its MLflow parent run and the LR warm start."""
     parent = start_sweep_run(tracker, spec, None)
     if not spec.search.lr_finder.enabled:
         return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, fresh=True)
     from sweeper.search import warm_start
 
-    warm = warm_start.prepare(spec, out_dir)
+    warm = warm_start.prepare(spec, out_dir, cache)
     warm_start.log(tracker, parent, warm, out_dir)
     observer.note(warm.note)
-    lr = warm.spec.search.space[warm_start.LR]
+    lr = warm_start.lr_param(warm.spec)
     return Prepared(
         tracking_uri=redact(tracker.uri),
         parent_run_id=parent,
@@ -138,14 +141,21 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
 
 
 def _serve(
-    spec: SweepSpec, out_dir: Path, observer: Observer, role: str, searcher: backend.Backend, store: SweepStore
+    spec: SweepSpec,
+    out_dir: Path,
+    observer: Observer,
+    role: str,
+    searcher: backend.Backend,
+    store: SweepStore,
+    cache: ProcessCache,
+    prestarted: pool.Prestarted,
 ) -> dict[str, Any]:
     if role == "run":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
     _send_journals(tracker, out_dir, "start")
     observer.started(spec, out_dir)
-    prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer))
+    prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer, cache))
     parent = prepared.parent_run_id
     if not prepared.fresh and role == "run":
         tracker.resume_run(parent)
@@ -159,6 +169,8 @@ def _serve(
         store,
         role,
         enqueue=prepared.enqueue,
+        cache=cache,
+        prestarted=prestarted,
     )
     started = time.perf_counter()
     try:
@@ -190,12 +202,13 @@ def _serve(
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     files = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
-        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records)
+        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records, cache.data)
         summary.update(handed)
         files += exported
     summary_path = out_dir / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    report, *plots = _reviewed(drawing, summary) or [None]
+    reviewed = _reviewed(drawing, summary)  # [report, *plots], or none
+    report, plots = (reviewed[0], reviewed[1:]) if reviewed else (None, [])
     end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
     _send_journals(tracker, out_dir, "end")
     return summary
@@ -278,6 +291,7 @@ def handoff(
     tracker: Tracker,
     parent: str | None,
     records: list[TrialRecord],
+    data_cache: DataCache | None = None,
 ) -> tuple[dict[str, Any], list[Path]]:
     """Export the best trial's model to every format of ``spec.export`` (export.json) and
     register it under the sweep's run. Returns the summary's ``export`` and ``registry``
@@ -289,7 +303,7 @@ def handoff(
     try:
         top = next(r for r in records if r.number == best["number"])
         best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
-        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]))
+        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache)
     except Exception as exc:
         return {
             "export": {
@@ -306,7 +320,7 @@ def handoff(
     handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
     if parent is not None:
         try:
-            handed["registry"] = publish.register(model, data, spec, tracker.uri, parent, best["values"])
+            handed["registry"] = publish.register(model, data, spec, str(tracker.uri), parent, best["values"])
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

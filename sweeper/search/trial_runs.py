@@ -18,9 +18,12 @@ from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TRIAL_JSON, TRIAL_JSON_VERSION, TrialJson
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.seeding import derive
+from sweeper.trial.states import TrialState
 
 # MLflow run status for a trial's final state; the others (complete, pruned, exploited) FINISHED
-STATUS = {"failed": "FAILED", "interrupted": "KILLED"}
+STATUS: dict[str, str] = {TrialState.FAILED: "FAILED", TrialState.INTERRUPTED: "KILLED"}
+# The end of a PBT trial's run that continues in a new run (not a TrialState: the trial goes on)
+EXPLOITED = "exploited"
 
 
 @functools.cache
@@ -138,19 +141,19 @@ def log_sweep_dataset(tracker: Tracker, spec: SweepSpec, sweep: SweepInfo, info:
 def close_trial_run(
     tracker: Tracker,
     run_id: str | None,
-    state: str,
+    state: TrialState | str,
     reason: str | None,
     error: str | None = None,
     info: dict[str, Any] | None = None,
     status: str | None = None,
 ) -> None:
-    """The trial's end: state, reason and run info as tags, the traceback as error.txt; the
-    run's MLflow status follows the state unless ``status`` is given."""
+    """The trial's end: state (a TrialState, or EXPLOITED), reason and run info as tags, the
+    traceback as error.txt; the run's MLflow status follows the state unless ``status`` is given."""
     if run_id is None:
         return
     info = dict(info or {})
     sizes = info.pop("footprint", None)  # metrics of the trained model: columns in the MLflow UI
-    tracker.set_tags(run_id, {"state": state, **({"reason": reason} if reason else {}), **info})
+    tracker.set_tags(run_id, {"state": str(state), **({"reason": reason} if reason else {}), **info})
     if sizes:
         tracker.log_metrics(run_id, 0, sizes)
     if error:

@@ -16,7 +16,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sweeper import files
 from sweeper.spec import SweepSpec
@@ -24,6 +24,9 @@ from sweeper.spec import space as sp
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.lr_finder import RangeTest, plot, range_test
 from sweeper.trial.seeding import derive
+
+if TYPE_CHECKING:
+    from sweeper.trial.build import ProcessCache
 
 LR = "optimizer.args.lr"
 CONFIG_PATHS = ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
@@ -76,19 +79,20 @@ def configurations(spec: SweepSpec) -> list[dict[str, Any]]:
     return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
 
 
-def find(spec: SweepSpec, config: dict[str, Any], device: Any) -> RangeTest:
-    """One range test of ``spec`` with ``config`` applied, seeded by the sweep's "sweep" stream."""
+def find(spec: SweepSpec, config: dict[str, Any], device: Any, cache: ProcessCache | None = None) -> RangeTest:
+    """One range test of ``spec`` with ``config`` applied, seeded by the sweep's "sweep" stream
+    (its data set from ``cache`` when it holds it)."""
     from sweeper.trial.build import TrialConfig, build
 
-    lr_param = spec.search.space.get(LR)
+    lr = lr_param(spec) if LR in spec.search.space else None
     settings = spec.search.lr_finder
     # Span from "too small to learn" to "diverges" even when the declared range is narrow: a
     # curve that only falls has no informative steepest point. Suggestions are clipped later.
-    low = settings.min_lr or min(lr_param.low if lr_param else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
-    high = settings.max_lr or max(lr_param.high if lr_param else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
+    low = settings.min_lr or min(lr.low if lr else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
+    high = settings.max_lr or max(lr.high if lr else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
     configured = spec.with_values(config)
     seed = derive(spec.seed, "sweep")
-    parts = build(TrialConfig(-1, seed, config, configured), device)
+    parts = build(TrialConfig(-1, seed, config, configured), device, cache)
     return range_test(
         parts.model,
         parts.optimizer,
@@ -115,10 +119,14 @@ def find_alone(spec: SweepSpec) -> RangeTest:
     return find(spec, {}, _trial_device(spec))
 
 
-def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
+def prepare(spec: SweepSpec, out_dir: Path, cache: ProcessCache | None = None) -> WarmStart:
     """Run (or read from the cache) the range tests, on the device and threads a trial gets,
-    and apply the policy."""
+    and apply the policy. ``cache``: this process's, whose data set the range tests load (and
+    the trials reuse when they train in this process)."""
+    from sweeper.trial.build import ProcessCache
+
     device = _trial_device(spec)
+    cache = cache if cache is not None else ProcessCache()
     cache_path = out_dir / CACHE
     key = json.dumps(
         {
@@ -134,26 +142,25 @@ def prepare(spec: SweepSpec, out_dir: Path) -> WarmStart:
     findings = []
     for i, config in enumerate(configurations(spec)):
         entry = cached.get(json.dumps(config, sort_keys=True))
-        result = _cached(entry) or find(spec, config, device)
+        result = _cached(entry) or find(spec, config, device, cache)
         label = ", ".join(f"{k}={v}" for k, v in config.items()) or "base config"
         findings.append(
             Finding(config, result, plot(result, out_dir / f"lr_finder_{i}.png", f"LR range test: {label}"))
         )
-    _release(spec)
+    _release(spec, cache)
     fresh = {json.dumps(f.config, sort_keys=True): f.result.to_dict() for f in findings}
     if fresh != cached:  # a resumed sweep reads the cache and leaves it as it was
         files.write_atomic(cache_path, json.dumps({key: fresh}, indent=1))
     return apply_policy(spec, findings)
 
 
-def _release(spec: SweepSpec) -> None:
+def _release(spec: SweepSpec, cache: ProcessCache) -> None:
     """Give back what the range tests held on the device: their models and optimizers (gone by
     now) and, unless this process trains the trials too (optuna with parallel: 1), the data set."""
-    from sweeper.trial.build import forget_data
     from sweeper.trial.execute import release_device_memory
 
     if spec.search.backend != "optuna" or spec.search.parallel > 1:
-        forget_data()
+        cache.data.forget()
     release_device_memory()
 
 
@@ -184,23 +191,24 @@ def _cached(entry: dict[str, Any] | None) -> RangeTest | None:
 
 
 def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:
-    settings, declared = spec.search.lr_finder, spec.search.space[LR]
+    settings, declared = spec.search.lr_finder, lr_param(spec)
     useful = [f for f in findings if f.result.suggestion is not None]
+    suggested = [f.result.suggestion for f in useful if f.result.suggestion is not None]  # useful's, typed
     if not useful:
         return WarmStart(spec, [], findings, "LR finder: no reliable suggestion; the declared LR range is kept")
     clip = lambda lr: min(max(lr, declared.low), declared.high)  # noqa: E731
     enqueue = []
     if settings.policy in ("enqueue", "both"):
         base = base_values(spec)
-        enqueue = [{**base, **f.config, LR: clip(f.result.suggestion)} for f in useful]
+        enqueue = [{**base, **f.config, LR: clip(lr)} for f, lr in zip(useful, suggested)]
     narrowed = spec
     if settings.policy in ("narrow", "both"):
-        low = clip(min(f.result.suggestion for f in useful) / settings.factor)
-        high = clip(max(f.result.suggestion for f in useful) * settings.factor)
+        low = clip(min(suggested) / settings.factor)
+        high = clip(max(suggested) * settings.factor)
         narrowed = narrow(spec, low, high)
-    suggestions = ", ".join(f"{f.result.suggestion:.3g}" for f in useful)
+    suggestions = ", ".join(f"{lr:.3g}" for lr in suggested)
     range_note = (
-        f"; LR range narrowed to [{narrowed.search.space[LR].low:.3g}, {narrowed.search.space[LR].high:.3g}]"
+        f"; LR range narrowed to [{lr_param(narrowed).low:.3g}, {lr_param(narrowed).high:.3g}]"
         if narrowed is not spec
         else ""
     )
@@ -209,6 +217,11 @@ def apply_policy(spec: SweepSpec, findings: list[Finding]) -> WarmStart:
         f"{sum(f.result.seconds for f in findings):.1f} s); {len(enqueue)} trial(s) enqueued{range_note}"
     )
     return WarmStart(narrowed, enqueue, findings, note)
+
+
+def lr_param(spec: SweepSpec) -> sp.FloatParam:
+    """The searched optimizer.args.lr: a float parameter (the spec's validation says so)."""
+    return cast(sp.FloatParam, spec.search.space[LR])
 
 
 def narrow(spec: SweepSpec, low: float, high: float) -> SweepSpec:
@@ -235,7 +248,7 @@ def base_values(spec: SweepSpec) -> dict[str, Any]:
 
 def log(tracker: Tracker, run_id: str | None, warm: WarmStart, out_dir: Path) -> None:
     """The range tests on the sweep's run: curves as images, suggestions and policy as params."""
-    params = {"lr_finder.policy": warm.spec.search.lr_finder.policy}
+    params: dict[str, Any] = {"lr_finder.policy": warm.spec.search.lr_finder.policy}
     params.update({f"lr_finder.suggestion.{i}": f.result.suggestion for i, f in enumerate(warm.findings)})
     tracker.log_params(run_id, params)
     tracker.set_tags(run_id, {"lr_finder": warm.note})

@@ -15,9 +15,10 @@ from rich.table import Table
 from sweeper.spec import Objective, SweepSpec
 from sweeper.spec.objectives import pareto_front
 from sweeper.track.records import TrialEvent, TrialRecord
+from sweeper.trial.states import TrialState
 
 SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
-STYLE = {"complete": "green", "pruned": "yellow", "failed": "red"}
+STYLE = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAILED: "red"}
 
 
 def fmt(value: Any) -> str:
@@ -40,11 +41,11 @@ def trials_table(records: list[TrialRecord], goals: list[Objective], title: str 
     front = {r.number for r in pareto_front(goals, ordered, lambda r: r.values or None)} if several else set()
     best = None
     for r in ordered:
-        if r.state == "complete" and r.value is not None and goals[0].better(r.value, best):
+        if r.state == TrialState.COMPLETE and r.value is not None and goals[0].better(r.value, best):
             best = r.value
         detail = (
             r.reason
-            if r.state != "complete" and r.reason
+            if r.state != TrialState.COMPLETE and r.reason
             else ", ".join(f"{k.split('.')[-1]}={fmt(v)}" for k, v in r.params.items())
         )
         shown = (
@@ -90,16 +91,21 @@ class RichObserver:
     def note(self, text: str) -> None:
         self.console.print(text)
 
+    def _started(self) -> SweepSpec:
+        assert self.spec is not None, "started() comes before any event"
+        return self.spec
+
     def _view(self) -> Group:
         recent = sorted(self.records, key=lambda r: r.number)[-SHOWN_ROWS:]
-        return Group(trials_table(recent, self.spec.goals), self.bars)
+        return Group(trials_table(recent, self._started().goals), self.bars)
 
     def event(self, event: TrialEvent) -> None:
+        spec = self._started()
         n = event.number
         if event.kind == "start":
-            self.tasks[n] = self.bars.add_task("", total=self.spec.train.epochs, number=n, metric="")
+            self.tasks[n] = self.bars.add_task("", total=spec.train.epochs, number=n, metric="")
         elif event.kind == "epoch" and n in self.tasks:
-            metric = self.spec.objective.metric
+            metric = spec.objective.metric
             self.bars.update(self.tasks[n], completed=event.epoch, metric=f"{metric}={fmt(event.metrics.get(metric))}")
         elif event.kind == "end" and event.record is not None:
             if n in self.tasks:

@@ -6,17 +6,17 @@ validates what it reads."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
+from sweeper.trial.states import FailureKind, TrialState
 
-TrialState = Literal["complete", "pruned", "failed", "running", "waiting"]
 TRIAL_JSON = "trial.json"
-TRIAL_JSON_VERSION = 1  # bump on an incompatible change of TrialJson's fields
+TRIAL_JSON_VERSION: Final = 1  # bump on an incompatible change of TrialJson's fields
 
 
 class _Record(BaseModel):
@@ -34,6 +34,7 @@ class TrialRecord(_Record):
     footprint: dict[str, float] = {}  # its trained model's params (and latency_ms): trial/footprint.py
     seed: int | None = None
     reason: str | None = None  # why it was pruned or failed
+    failure: FailureKind | None = None  # a failure the search answers (a retry); None: the trial's own
     epochs: int = 0
     seconds: float | None = None  # training time in its worker (a fused trial: its fused model's)
     fused_with: list[int] = []  # the trials it trained with as one fused model (itself included)
@@ -45,10 +46,25 @@ class TrialRecord(_Record):
     restarts: int = 0  # times it continued from its own checkpoint (backend ray)
     exploits: list[dict[str, Any]] = []  # PBT: {epoch, donor, params} per exploit
 
+    @model_validator(mode="before")
+    @classmethod
+    def _failure_of_older_records(cls, data: Any) -> Any:
+        """A failed record without ``failure`` (summary.json and Optuna trials of an older sweeper)
+        said it in its reason's prefix: "oom: ..." (out of memory), "interrupted: ..." (its
+        process died or lost its lease)."""
+        if not isinstance(data, dict) or data.get("failure") is not None or data.get("state") != TrialState.FAILED:
+            return data
+        reason, oom = data.get("reason") or "", FailureKind.OUT_OF_MEMORY.value
+        if reason == oom or reason.startswith(f"{oom}:"):
+            return {**data, "failure": FailureKind.OUT_OF_MEMORY}
+        if reason.startswith(TrialState.INTERRUPTED.value):
+            return {**data, "failure": FailureKind.LOST_WORKER}
+        return data
+
     def scores(self, spec: SweepSpec) -> dict[str, float] | None:
         """A complete trial's objective values by metric (what the Pareto front and export.choose
         compare); None for other trials. Records of an older sweeper hold ``value`` alone."""
-        if self.state != "complete":
+        if self.state != TrialState.COMPLETE:
             return None
         if self.values:
             return dict(self.values)

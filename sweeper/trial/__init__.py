@@ -4,8 +4,11 @@ No optuna, ray or mlflow here (an import-linter contract holds that): progress l
 a ``report(epoch, metrics)`` callable that may raise ``TrialPruned``, which is what lets the
 same trial run under both backends, in a replay and in tests.
 
-- build.py       TrialConfig; seed and build data set, model, optimizer, schedule; run_trial; rebuild
-- trainer.py     the training loop (train/eval modes, AMP, accumulation, clipping, NaN guard)
+- states.py      TrialState and FailureKind: the one vocabulary of a trial's life, for every module
+- build.py       TrialConfig; seed and build data set, model, optimizer, schedule; run_trial; rebuild;
+                 ProcessCache (the data set and compiled forwards a process keeps between trials)
+- trainer.py     the training loop (train/eval modes, AMP, accumulation, clipping, NaN guard);
+                 epoch_metrics, the one builder of an epoch's metrics (solo and fused)
 - execute.py     one trial to an Outcome, never raising for the trial's own failure
 - checkpoint.py  the training state: save atomically, load with weights_only, resume bitwise
 - batching.py    index batches over whole-tensor splits

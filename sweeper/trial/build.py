@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +75,6 @@ class TrialParts:
         }
 
 
-# One data set per process, on its device: trials of a sweep share it (same plugin, args, seed).
-_data_cache: dict[str, tuple[DataSplits, str]] = {}
-
-
 def fingerprint(data: DataSplits) -> str:
     """sha256 over the split tensors (shapes, dtypes, bytes): same value, same data and split."""
     h = hashlib.sha256()
@@ -91,27 +87,52 @@ def fingerprint(data: DataSplits) -> str:
 
 def dataset_args(factory: Any, args: dict[str, Any], seed: int) -> dict[str, Any]:
     """``args`` plus ``seed`` when the dataset factory accepts it (the contract's injection)."""
-    if "seed" in (accepted_args(factory) or {"seed": None}):
+    accepted = accepted_args(factory)  # None: it takes any keyword
+    if accepted is None or "seed" in accepted:
         return {**args, "seed": seed}
     return dict(args)
 
 
-def load_data(spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
-    """The dataset plugin's splits on ``device``, and their fingerprint. The split's seed is the
-    sweep's "data" stream: the same for every trial of the sweep."""
-    factory = registry.get("datasets", spec.dataset.plugin)
-    args = dataset_args(factory, spec.dataset.args, derive(spec.seed, "data"))
-    key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
-    if key not in _data_cache:
-        _data_cache.clear()
-        data = make_data(spec)
-        _data_cache[key] = (data.to(device), fingerprint(data))
-    return _data_cache[key]
+class DataCache:
+    """One data set on its device, kept by a process for the trials it trains: the trials of a
+    sweep share it (same plugin, args, seed), so a worker loads it once, not once per trial.
+    Another data set (or device) replaces it."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, tuple[DataSplits, str]] = {}  # at most one: its key -> (splits, fingerprint)
+
+    def load(self, spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
+        """The dataset plugin's splits on ``device``, and their fingerprint. The split's seed is
+        the sweep's "data" stream: the same for every trial of the sweep."""
+        factory = registry.get("datasets", spec.dataset.plugin)
+        args = dataset_args(factory, spec.dataset.args, derive(spec.seed, "data"))
+        key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
+        if key not in self.held:
+            self.held.clear()
+            data = make_data(spec)
+            self.held[key] = (data.to(device), fingerprint(data))
+        return self.held[key]
+
+    def forget(self) -> None:
+        """Drop the data set (its device memory goes back with the next empty_cache)."""
+        self.held.clear()
 
 
-def forget_data() -> None:
-    """Drop this process's data set (its device memory goes back with the next empty_cache)."""
-    _data_cache.clear()
+@dataclass(eq=False)
+class ProcessCache:
+    """What a process that trains trials keeps from one trial to the next: the sweep's data set
+    and the compiled forwards (train.compile). Held by whatever runs the process's trials, for
+    as long as it does: a worker process's loop, the sweep's own process (its inline executor and
+    LR warm start), a Ray worker. A caller that trains one trial may pass none: a fresh one."""
+
+    data: DataCache = field(default_factory=DataCache)
+    compiled: speed.CompiledForwards = field(default_factory=speed.CompiledForwards)
+
+
+def load_data(spec: SweepSpec, device: torch.device, cache: DataCache | None = None) -> tuple[DataSplits, str]:
+    """The dataset plugin's splits on ``device`` and their fingerprint (from ``cache`` when it
+    holds them)."""
+    return (cache if cache is not None else DataCache()).load(spec, device)
 
 
 def make_data(spec: SweepSpec) -> DataSplits:
@@ -142,11 +163,12 @@ def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: Data
     )
 
 
-def build(config: TrialConfig, device: torch.device) -> TrialParts:
-    """Seed every RNG, then build dataset, model, optimizer and schedule from the plugins."""
+def build(config: TrialConfig, device: torch.device, cache: ProcessCache | None = None) -> TrialParts:
+    """Seed every RNG, then build dataset, model, optimizer and schedule from the plugins (the
+    data set from ``cache`` when it holds it)."""
     spec = config.spec
     seed_everything(config.seed)
-    data, data_fingerprint = load_data(spec, device)
+    data, data_fingerprint = load_data(spec, device, cache.data if cache is not None else None)
     model = speed.to_memory_format(build_model(spec, data).to(device), device)
     optimizer = build_optimizer(spec, model)
     scheduler = build_schedule(spec, optimizer, data)
@@ -161,11 +183,13 @@ def run_trial(
     before_fit: Callable[[TrialParts], None] | None = None,
     resume: Resume | None = None,
     on_epoch_end: OnEpochEnd | None = None,
+    cache: ProcessCache | None = None,
 ) -> TrainedTrial:
     """Build and train; ``info`` (if given) receives the data fingerprint; ``before_fit`` runs on
     the built parts just before training (e.g. an LR range test); ``resume`` and ``on_epoch_end``
-    go to the trainer (continue from a saved state; hand out the state after each epoch)."""
-    parts = build(config, device)
+    go to the trainer (continue from a saved state; hand out the state after each epoch);
+    ``cache``: the process's data set and compiled forwards, kept for its next trials."""
+    parts = build(config, device, cache)
     if info is not None:
         info.update(parts.data_info())
     if before_fit is not None:
@@ -180,15 +204,17 @@ def run_trial(
         report=report,
         resume=resume,
         on_epoch_end=on_epoch_end,
+        compiled=cache.compiled if cache is not None else None,
     )
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)
 
 
-def rebuild(spec: SweepSpec, checkpoint_file: Path) -> tuple[nn.Module, DataSplits]:
-    """A trained model (on the CPU, eval mode) and its data, from the trial's spec and checkpoint."""
+def rebuild(spec: SweepSpec, checkpoint_file: Path, cache: DataCache | None = None) -> tuple[nn.Module, DataSplits]:
+    """A trained model (on the CPU, eval mode) and its data, from the trial's spec and checkpoint
+    (the data from ``cache`` when it holds it)."""
     from sweeper.trial import checkpoint
 
-    data, _ = load_data(spec, torch.device("cpu"))
+    data, _ = load_data(spec, torch.device("cpu"), cache)
     model = build_model(spec, data)
     model.load_state_dict(checkpoint.load(checkpoint_file)["model"])
     return model.eval(), data

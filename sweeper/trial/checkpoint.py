@@ -16,7 +16,7 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -181,7 +181,7 @@ def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch (and CUDA, when started) RNG states as tensors and plain lists, which
     a ``weights_only`` load accepts (NumPy's state holds an ndarray, Python's a tuple)."""
     version, words, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     return {
         "python": [version, list(words), gauss],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],

@@ -17,7 +17,7 @@ import torch
 
 from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.trial import checkpoint, footprint, fused
-from sweeper.trial.build import TrialConfig, run_trial
+from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
 from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.trainer import resolve_device
@@ -63,8 +63,9 @@ def reason_of(exc: BaseException) -> str:
     return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
 
 
-def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outcome:
-    """Train ``config`` on its device; save its final training state to ``config.checkpoint``."""
+def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: ProcessCache | None = None) -> Outcome:
+    """Train ``config`` on its device; save its final training state to ``config.checkpoint``.
+    ``cache``: the process's data set and compiled forwards, kept for its next trials."""
     out = Outcome(config.number, TrialState.FAILED)
     started = time.perf_counter()
     extra = {"trial": config.number, "params": config.params}
@@ -72,7 +73,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
 
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
-        if saves_state(config, state["epoch"]):
+        if config.checkpoint and saves_state(config, state["epoch"]):
             checkpoint.save(Path(config.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
 
@@ -100,7 +101,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
             resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
             out.history = [dict(h) for h in resume.state["history"]]
             last["state"] = resume.state
-        trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end)
+        trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache)
         out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
         if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
             checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
@@ -119,13 +120,16 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outco
     return out
 
 
-def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int = 0) -> list[Outcome]:
+def execute_group(
+    configs: list[TrialConfig], decide: Decide, worker_index: int = 0, cache: ProcessCache | None = None
+) -> list[Outcome]:
     """Train ``configs`` as one fused model (trial/fused.py; see fused.plan): one Outcome per
     member, as its solo run would give (its history, state, reason and checkpoint). A group that
     cannot train fused (its first step fails) trains one member at a time instead, and each
     Outcome says why in ``info["fuse_fallback"]``."""
+    cache = cache if cache is not None else ProcessCache()  # one data set for every member
     if len(configs) == 1:
-        return [execute(configs[0], decide, worker_index)]
+        return [execute(configs[0], decide, worker_index, cache)]
     outs = {c.number: Outcome(c.number, TrialState.FAILED) for c in configs}
     started = time.perf_counter()
     info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
@@ -149,16 +153,16 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
             torch=torch.__version__,
             cuda=torch.version.cuda or "none",
         )
-        members = fused.fit_fused(configs, device, report)
+        members = fused.fit_fused(configs, device, report, cache=cache)
         info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
         for member in members:
             out = outs[member.config.number]
             out.state, out.reason = member.state, member.reason
-            if member.state == "complete":  # its model has its own storage again
+            if member.state == TrialState.COMPLETE:  # its model has its own storage again
                 sizes[member.config.number] = footprint.measure(
                     member.parts.model, member.parts.data, member.config.spec
                 )
-            if member.state == "complete" and member.config.checkpoint:
+            if member.state == TrialState.COMPLETE and member.config.checkpoint:
                 state = member.training_state()
                 checkpoint.save(
                     Path(member.config.checkpoint),
@@ -166,13 +170,13 @@ def execute_group(configs: list[TrialConfig], decide: Decide, worker_index: int 
                 )
     except fused.NotFusable as exc:  # before any member trained an epoch: each trains alone
         release_device_memory()
-        solo = [execute(config, decide, worker_index) for config in configs]
+        solo = [execute(config, decide, worker_index, cache) for config in configs]
         for out in solo:
             out.info["fuse_fallback"] = str(exc)
         return solo
     except Exception as exc:  # the fused model failed as a whole: its running members fail with it (out of
         # memory: each is retried with smaller micro-batches); those pruned or failed before keep their end
-        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state in ("pruned", "failed")}
+        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state.finished}
         oom = isinstance(exc, torch.cuda.OutOfMemoryError)
         for number, out in outs.items():
             if number in left:

@@ -36,10 +36,11 @@ from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.pluginhost import registry
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
-from sweeper.trial.build import TrialConfig, TrialParts, build
+from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
-from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, resolve_device
+from sweeper.trial.states import TrialState
+from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
 MemberReport = Callable[[int, int, dict[str, float]], None]
@@ -57,7 +58,7 @@ class Member:
     augment: torch.Generator  # augmentation draws, on the device
     base_lrs: list[float] = field(default_factory=list)  # the param groups' LRs before training
     history: list[dict[str, float]] = field(default_factory=list)
-    state: str = "running"  # running | complete | pruned | failed
+    state: TrialState = TrialState.RUNNING  # then complete, pruned or failed
     reason: str | None = None
     engine: str = ""  # how the group computed: "layered" or "vmap" (fused_forward.py)
 
@@ -165,7 +166,7 @@ class FusedGroup:
 
     @property
     def active(self) -> list[Member]:
-        return [m for m in self.members if m.state == "running"]
+        return [m for m in self.members if m.state == TrialState.RUNNING]
 
     def restack(self) -> None:
         """Stack the running members' tensors and point each member's parameters and buffers at
@@ -204,7 +205,7 @@ class FusedGroup:
                 norms.append(
                     nn.utils.clip_grad_norm_(params, clip)
                     if clip is not None
-                    else nn.utils.get_total_norm([p.grad for p in params])
+                    else nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
                 )
                 optimizer.step()
             norm = torch.stack(norms).float()
@@ -237,19 +238,26 @@ class FusedGroup:
 
 
 def fit_fused(
-    configs: list[TrialConfig], device: torch.device, report: MemberReport, stacked: bool = True, layered: bool = True
+    configs: list[TrialConfig],
+    device: torch.device,
+    report: MemberReport,
+    stacked: bool = True,
+    layered: bool = True,
+    cache: ProcessCache | None = None,
 ) -> list[Member]:
     """Train ``configs`` (one architecture, see ``why_not_fused``) as one fused model; returns
     the members with their history and end state. Each member's model keeps its weights.
     ``stacked``: one update for all members where their optimizers allow (fused_optim.py);
     False steps each member's own torch optimizer (the reference the tests compare with).
-    ``layered``: the layered layout where the model allows (fused_forward.py); False: vmap."""
+    ``layered``: the layered layout where the model allows (fused_forward.py); False: vmap.
+    ``cache``: the process's data set (every member's), kept for its next trials."""
     reason = why_not_fused(configs)
     if reason is not None:
         raise ValueError(f"these trials cannot be fused: {reason}")
     members = []
+    cache = cache if cache is not None else ProcessCache()
     for config in configs:  # each built exactly as its solo trial is
-        parts = build(config, device)
+        parts = build(config, device, cache)
         members.append(
             Member(
                 config,
@@ -284,8 +292,8 @@ def fit_fused(
     finally:
         group.release()
     for member in members:
-        if member.state == "running":
-            member.state = "complete"
+        if member.state == TrialState.RUNNING:
+            member.state = TrialState.COMPLETE
     return members
 
 
@@ -294,6 +302,8 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
     first = members[0]
     data, train = first.parts.data, first.config.spec.train
     device = data.train_x.device
+    if device.type == "cuda":  # the epoch's peak memory (epoch_metrics): the group's, as the solo trainer's
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
 
     n = data.train_x.shape[0]
@@ -310,6 +320,8 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
         "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64),
     }
     steps = steps_per_epoch(data, train.batch_size)
+    engine = group.engine
+    assert engine is not None  # fit_fused sets it before the first epoch
     seen = 0
     for step in range(steps):
         members = group.active
@@ -327,7 +339,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
                 x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
             x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
             try:
-                grads, loss, right = group.engine.step(
+                grads, loss, right = engine.step(
                     group.params, group.buffers, x, data.train_y[micro], eps, micro.shape[1] / batch.shape[1]
                 )
             except torch.cuda.OutOfMemoryError:
@@ -340,6 +352,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
             totals["loss"].index_add_(0, rows, loss.float() * micro.shape[1])
             totals["correct"].index_add_(0, rows, right)
         seen += batch.shape[1]
+        assert grads_sum is not None  # train.accumulate >= 1: at least one micro-batch
         totals["norm"].index_add_(0, rows, group.step(members, grads_sum))
         if device.type == "cpu" or (step + 1) % FINITE_CHECK_EVERY == 0:
             _fail_non_finite(group, totals["loss"], epoch, step + 1)
@@ -353,7 +366,7 @@ def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: in
     gone = False
     for member in group.active:
         if not finite[group.members.index(member)]:
-            member.state, member.reason = "failed", f"non-finite loss at epoch {epoch}, step {step}"
+            member.state, member.reason = TrialState.FAILED, f"non-finite loss at epoch {epoch}, step {step}"
             gone = True
     if gone and group.active:
         group.restack()
@@ -372,13 +385,15 @@ def _evaluate_and_report(
     if not members:
         return
     started = time.perf_counter()
+    engine = group.engine
+    assert engine is not None  # fit_fused sets it before the first epoch
     data, train = members[0].parts.data, members[0].config.spec.train
     n = data.val_x.shape[0]
     loss = torch.zeros(len(members), device=data.val_x.device)
     correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
-    with torch.inference_mode(), group.engine.autocast():
+    with torch.inference_mode(), engine.autocast():
         for part in eval_batches(n, train.eval_batch_size):
-            out = group.engine.predict(
+            out = engine.predict(
                 group.params, group.buffers, data.inputs(data.val_x[part])
             ).float()  # (members, batch, classes)
             y = data.val_y[part]
@@ -396,27 +411,29 @@ def _evaluate_and_report(
     for k, member in enumerate(members):
         row = group.members.index(member)
         if not math.isfinite(val_loss[k]):
-            member.state, member.reason, left = "failed", "non-finite loss on the validation split", True
+            member.state, member.reason, left = TrialState.FAILED, "non-finite loss on the validation split", True
             continue
         scheduler = member.parts.scheduler
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(val_loss[k])
-        metrics = {
-            "train_loss": train_loss[row] / seen,
-            "train_acc": train_correct[row] / seen,
-            "val_loss": val_loss[k],
-            "val_acc": val_correct[k] / n,
-            "lr": member.parts.optimizer.param_groups[0]["lr"],
-            "grad_norm": norm[row] / steps,
-            "epoch_seconds": seconds,
-            "samples_per_s": seen / seconds,
-        }
+        metrics = epoch_metrics(
+            train_loss=train_loss[row] / seen,
+            train_correct=train_correct[row],
+            seen=seen,
+            val_loss=val_loss[k],
+            val_acc=val_correct[k] / n,
+            lr=member.parts.optimizer.param_groups[0]["lr"],
+            grad_norm_sum=norm[row],
+            steps=steps,
+            seconds=seconds,
+            device=data.val_x.device,
+        )
         member.history.append(metrics)
         try:
             report(row, epoch, metrics)
         except TrialPruned as exc:
-            member.state, member.reason, left = "pruned", str(exc), True
+            member.state, member.reason, left = TrialState.PRUNED, str(exc), True
         except TrialFailed as exc:
-            member.state, member.reason, left = "failed", str(exc), True
+            member.state, member.reason, left = TrialState.FAILED, str(exc), True
     if left and group.active:
         group.restack()

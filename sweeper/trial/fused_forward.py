@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
@@ -108,6 +109,11 @@ class FusedLinear(nn.Module):
 class FusedBatchNorm(nn.Module):
     """A BatchNorm1d/2d of every member at once: members x channels channels, as torch's module."""
 
+    # its buffers (register_buffer), None where the BatchNorm has none
+    running_mean: torch.Tensor | None
+    running_var: torch.Tensor | None
+    num_batches_tracked: torch.Tensor | None
+
     def __init__(self, norm: nn.modules.batchnorm._BatchNorm) -> None:
         super().__init__()
         self.weight, self.bias = norm.weight, norm.bias
@@ -189,7 +195,7 @@ class Engine:
         template: nn.Module,
         layered_model: nn.Module | None,
         smoothing: list[float],
-        autocast: Callable[[], object],
+        autocast: Callable[[], AbstractContextManager[object]],
     ) -> None:
         self.template, self.model, self.smoothing, self.autocast = template, layered_model, smoothing, autocast
         self.kind = "vmap" if layered_model is None else "layered"
@@ -251,7 +257,7 @@ def engine(
     buffers: Tensors,
     sample: torch.Tensor,
     smoothing: list[float],
-    autocast: Callable[[], object],
+    autocast: Callable[[], AbstractContextManager[object]],
     allow_layered: bool = True,
 ) -> Engine:
     """The layered engine where the model has a layered form whose predictions on ``sample`` (a

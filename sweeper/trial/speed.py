@@ -78,9 +78,6 @@ class _Compiled:
         self.forward = torch.compile(forward, dynamic=False, backend=COMPILE_BACKEND)
 
 
-_compiled: dict[str, _Compiled] = {}
-
-
 class CompiledModel(nn.Module):
     """``model`` run through its architecture's compiled forward. Parameters, buffers, the
     state_dict and train()/eval() are the wrapped model's: the optimizer, checkpoints and
@@ -108,17 +105,28 @@ def architecture(model: nn.Module) -> str:
     return f"{model!r}|{layout}"
 
 
-def compile_model(model: nn.Module) -> nn.Module:
-    """``model`` with a compiled forward (``train.compile``): compiled on first use per
-    architecture, batch size and train/eval mode, then reused by every trial of the process."""
-    key = architecture(model)
-    if key not in _compiled:
-        if len(_compiled) >= COMPILED_KEEP:
-            _compiled.pop(next(iter(_compiled)))
-        started = time.perf_counter()
-        _compiled[key] = _Compiled(copy.deepcopy(model))
-        log.debug("new compiled forward (%.2f s to set up)", time.perf_counter() - started)
-    return CompiledModel(model, _compiled[key])
+class CompiledForwards:
+    """The compiled forwards of one process (``train.compile``), by architecture: compiled on
+    first use per architecture, batch size and train/eval mode, then reused by every later trial
+    the process trains (held with its data set, see build.ProcessCache). At most COMPILED_KEEP
+    architectures: the oldest goes first."""
+
+    def __init__(self) -> None:
+        self.forwards: dict[str, _Compiled] = {}
+
+    def __len__(self) -> int:
+        return len(self.forwards)
+
+    def model(self, model: nn.Module) -> nn.Module:
+        """``model`` with its architecture's compiled forward."""
+        key = architecture(model)
+        if key not in self.forwards:
+            if len(self.forwards) >= COMPILED_KEEP:
+                self.forwards.pop(next(iter(self.forwards)))
+            started = time.perf_counter()
+            self.forwards[key] = _Compiled(copy.deepcopy(model))
+            log.debug("new compiled forward (%.2f s to set up)", time.perf_counter() - started)
+        return CompiledModel(model, self.forwards[key])
 
 
 def plain(model: nn.Module) -> nn.Module:

@@ -102,11 +102,16 @@ def fit(
     report: Report,
     resume: checkpoint.Resume | None = None,
     on_epoch_end: OnEpochEnd | None = None,
+    compiled: speed.CompiledForwards | None = None,
 ) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
-    per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``)."""
+    per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
+    ``compiled``: the process's compiled forwards (train.compile), reused by its later trials."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
-    net = speed.compile_model(model) if train.compile else model
+    if train.compile:
+        net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
+    else:
+        net = model
     stepper = Stepper(net, optimizer, data, train, seed)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -146,19 +151,18 @@ def fit(
         val_loss, val_acc = evaluate(net, data, train.eval_batch_size, stepper.dtype)
         if per_epoch_scheduler:
             scheduler.step(val_loss)
-        seconds = time.perf_counter() - start
-        metrics = {
-            "train_loss": train_loss,
-            "train_acc": correct.item() / seen,
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "lr": optimizer.param_groups[0]["lr"],
-            "grad_norm": norm_sum.item() / steps,
-            "epoch_seconds": seconds,
-            "samples_per_s": seen / seconds,
-        }
-        if device.type == "cuda":
-            metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        metrics = epoch_metrics(
+            train_loss=train_loss,
+            train_correct=int(correct.item()),
+            seen=seen,
+            val_loss=val_loss,
+            val_acc=val_acc,
+            lr=optimizer.param_groups[0]["lr"],
+            grad_norm_sum=norm_sum.item(),
+            steps=steps,
+            seconds=time.perf_counter() - start,
+            device=device,
+        )
         history.append(metrics)
         if on_epoch_end is not None:
             on_epoch_end(
@@ -175,6 +179,39 @@ def fit(
             )
         report(epoch, metrics)
     return history
+
+
+def epoch_metrics(
+    *,
+    train_loss: float,
+    train_correct: int,
+    seen: int,
+    val_loss: float,
+    val_acc: float,
+    lr: float,
+    grad_norm_sum: float,
+    steps: int,
+    seconds: float,
+    device: torch.device,
+) -> dict[str, float]:
+    """A trial's metrics of one epoch, as its history, the pruner and MLflow see them, solo or
+    fused: ``train_loss`` is the mean over the ``seen`` training samples, ``train_correct`` and
+    ``grad_norm_sum`` are sums over the epoch's samples and ``steps`` optimizer steps; ``seconds``
+    the epoch's wall time (training and validation; a fused member's is its group's). On CUDA
+    also the device's peak memory since the epoch began (MiB; a fused member's is its group's)."""
+    metrics = {
+        "train_loss": train_loss,
+        "train_acc": train_correct / seen,
+        "val_loss": val_loss,
+        "val_acc": val_acc,
+        "lr": lr,
+        "grad_norm": grad_norm_sum / steps,
+        "epoch_seconds": seconds,
+        "samples_per_s": seen / seconds,
+    }
+    if device.type == "cuda":
+        metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return metrics
 
 
 def evaluate(

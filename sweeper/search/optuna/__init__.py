@@ -56,7 +56,7 @@ class OptunaBackend:
                 "search.storage is shared but checkpoints are not published (no MLflow tracking, no "
                 "search.artifact_root): a trial trained on another machine cannot be exported here"
             )
-        pool = executor(spec.search.parallel, coordinator.decide, coordinator.record)
+        pool = executor(spec.search.parallel, coordinator.decide, coordinator.record, ctx.cache, ctx.prestarted)
         try:
             coordinator.run(pool)
         finally:

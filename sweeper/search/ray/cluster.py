@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
@@ -80,7 +81,7 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
     # runtime_env: in a Ray job, a driver's own runtime_env replaces the job's working_dir.
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables (sweeper shows its own)
-    quiet = {"log_to_driver": False, "logging_level": "WARNING"}
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": "WARNING"}
     if addr is None:  # a new local Ray for this sweep ("local": never a cluster found on the machine);
         # ray.init turns token authentication on for it
         from sweeper.trial.seeding import cpu_cores

@@ -17,7 +17,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sweeper.search import checkpoints, faults
 from sweeper.search.backend import SearchContext, SearchResult
@@ -33,6 +33,7 @@ from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialEvent, TrialRecord, goal_values
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
+from sweeper.trial.states import TrialState
 
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
 OWN_KEYS = (
@@ -48,13 +49,52 @@ OWN_KEYS = (
     "should_checkpoint",
     *FOOTPRINT_METRICS,
 )  # the footprint: the last result's
-EVENTS: Callable[[TrialEvent], None] | None = None  # the observer's event sink, set by run()
-ENDED: list[TrialRecord] = []  # trials ended in this run, in the order Tune reported them
-STOPPED: str | None = None  # the circuit breaker's error, once it trips (faults.breaker_trips)
 QUIET_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.analysis.experiment_analysis")
 # Tune snapshots its experiment state (what a re-run restores) every 10 s or more by default; a
 # small sweep's state is a few kB, so every 2 s loses less work to a killed driver.
 SNAPSHOT_EVERY_S = "2"
+
+
+class TuneRun:
+    """What one Tune run's callbacks (``Events``, ``Breaker``) share with this driver: the
+    observer's event sink, the trials ended in this run (in the order Tune reported them) and
+    the circuit breaker's error once it trips (faults.breaker_trips). ``run`` makes one for the
+    run's lifetime (``with TuneRun(...)``) and gives it to the callbacks it builds.
+
+    Tune pickles its callbacks with the experiment (tuner.pkl), and ``Tuner.restore`` (a re-run
+    after a stop) calls the unpickled copies, which Tune's public API offers no way to replace:
+    so a TuneRun unpickles as the run this driver process is serving, not as a stale copy of the
+    run it was saved from (outside a run: a detached one that tells nobody)."""
+
+    _serving: ClassVar[TuneRun | None] = None  # the run of this driver process, while it lasts
+
+    def __init__(self, spec: SweepSpec, events: Callable[[TrialEvent], None] | None = None) -> None:
+        self.spec, self.events = spec, events
+        self.ended: list[TrialRecord] = []
+        self.stopped: str | None = None
+
+    def emit(self, event: TrialEvent) -> None:
+        """Relay a trial's event to the observer; the circuit breaker watches the ends."""
+        if self.events is not None:
+            self.events(event)
+        if event.kind == "end" and event.record is not None:
+            self.ended.append(event.record)
+            self.stopped = self.stopped or faults.breaker_trips(self.spec, self.ended)
+
+    def __enter__(self) -> TuneRun:
+        TuneRun._serving = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        TuneRun._serving = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _serving_run, (self.spec,)
+
+
+def _serving_run(spec: SweepSpec) -> TuneRun:
+    """What a pickled TuneRun reads back as (see TuneRun)."""
+    return TuneRun._serving or TuneRun(spec)
 
 
 class DefineByRun:
@@ -113,23 +153,16 @@ def record(
     """A trial as summary.json and the progress table show it, from its last Tune result."""
     metric = spec.objective.metric
     epochs = int(last.get("epoch") or 0)
-    if error is not None:
-        found = re.search(r"TrialError: (.+)", str(error))
-        state, reason = "failed", (found.group(1) if found else str(error).strip().splitlines()[-1])[:500]
-    elif last.get("sweeper_state") == "complete":
-        state, reason = "complete", None
-    else:
-        shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
-        state, reason = "pruned", f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
-    values = goal_values(spec, last, {}) if state == "complete" else {}
-    if state == "complete" and len(values) < len(spec.goals):
-        state, reason = "failed", f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
+    state, reason = end_state(spec, last, error)
+    values = goal_values(spec, last, {}) if state == TrialState.COMPLETE else {}
+    if state == TrialState.COMPLETE and len(values) < len(spec.goals):
+        state, reason = TrialState.FAILED, f"objectives not measured: {', '.join(g.metric for g in spec.goals)}"
         values = {}
     return TrialRecord(
         number=number,
         state=state,
         params=trial_params(spec.search.space, config),
-        value=last.get(metric) if state == "complete" else None,
+        value=last.get(metric) if state == TrialState.COMPLETE else None,
         values=values,
         footprint={k: float(last[k]) for k in FOOTPRINT_METRICS if k in last},
         seed=trial_seed(spec.seed, number),
@@ -144,19 +177,26 @@ def record(
     )
 
 
-def _events_callback(spec: SweepSpec) -> Any:
-    """Relays Tune's trial events to the observer (EVENTS is looked up at call time because
-    Tune pickles its callbacks with the experiment state)."""
+def end_state(spec: SweepSpec, last: dict[str, Any], error: Any) -> tuple[TrialState, str | None]:
+    """How a Tune trial ended, and why, from its last result (and Tune's error, if any): the one
+    map from Tune's ends to TrialState. A trial that raised (trial.TrialError, or its worker
+    gave up) failed; one whose worker reported the end of its last epoch completed; any other
+    was stopped by the scheduler: pruned."""
+    if error is not None:
+        found = re.search(r"TrialError: (.+)", str(error))
+        return TrialState.FAILED, (found.group(1) if found else str(error).strip().splitlines()[-1])[:500]
+    if last.get("sweeper_state") == TrialState.COMPLETE:
+        return TrialState.COMPLETE, None
+    metric, epochs = spec.objective.metric, int(last.get("epoch") or 0)
+    shown = f" ({metric}={last[metric]:.4g})" if metric in last else ""
+    return TrialState.PRUNED, f"stopped at epoch {epochs} by the {spec.search.pruner.type} scheduler{shown}"
+
+
+def _events_callback(state: TuneRun) -> Any:
+    """Relays Tune's trial events to the run's state (the observer, the circuit breaker)."""
     from ray import tune
 
-    def emit(event: TrialEvent) -> None:
-        from sweeper.search.ray import driver as me
-
-        if me.EVENTS is not None:
-            me.EVENTS(event)
-        if event.kind == "end" and event.record is not None:  # the circuit breaker watches the ends
-            me.ENDED.append(event.record)
-            me.STOPPED = me.STOPPED or faults.breaker_trips(spec, me.ENDED)
+    spec, emit = state.spec, state.emit
 
     class Events(tune.Callback):
         def on_trial_start(self, iteration, trials, trial, **info):
@@ -181,7 +221,7 @@ def _events_callback(spec: SweepSpec) -> Any:
     return Events()
 
 
-def _breaker() -> Any:
+def _breaker(state: TuneRun) -> Any:
     """Stops the whole Tune run once the circuit breaker has tripped (see faults.py)."""
     from ray import tune
 
@@ -190,9 +230,7 @@ def _breaker() -> Any:
             return False
 
         def stop_all(self) -> bool:
-            from sweeper.search.ray import driver as me
-
-            return me.STOPPED is not None
+            return state.stopped is not None
 
     return Breaker()
 
@@ -222,10 +260,8 @@ def _history(result: Any) -> list[dict[str, float]]:
 
 def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     """Run or resume the sweep on Ray Tune."""
-    global EVENTS, STOPPED
     addr = cluster.address(spec)  # RayBackend.check has vetted it and the storage before any connection
     import ray
-    from ray import tune
 
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", SNAPSHOT_EVERY_S)
     # With num_to_keep set, Tune also snapshots after a trial's checkpoints replace each other (so a
@@ -237,61 +273,72 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     cluster.connect(spec, addr)
-    EVENTS, ENDED[:], STOPPED = ctx.observer.event, [], None
+    with TuneRun(spec, ctx.observer.event) as state:
+        try:
+            return _fit(spec, ctx, state, addr)
+        finally:
+            ray.shutdown()  # a local Ray stops here; a cluster is only disconnected from
+
+
+def _fit(spec: SweepSpec, ctx: SearchContext, state: TuneRun, addr: str | None) -> SearchResult:
+    """Build (or restore) the Tuner and fit it; the records of every trial."""
+    import ray
+    from ray import tune
+
     tracker = ctx.tracker
-    try:
-        storage = cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
-        experiment = f"{storage.rstrip('/')}/{spec.name}"
-        restoring = tune.Tuner.can_restore(experiment)
-        interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
-        for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
-            close_trial_run(
-                tracker, run_id, "interrupted", "the sweep stopped while this trial ran; the re-run restarted it"
-            )
-        if restoring:
-            ctx.observer.note(
-                f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) restarted)"
-            )
-        context = Context(
-            spec,
-            tracker.uri,
-            tracker.experiment,
-            ctx.sweep,
-            threads_per_trial(spec),
-            None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
-            checkpoint_every(spec),
+    storage = cluster.storage_path(spec, ctx.out_dir, addr, nodes=sum(1 for n in ray.nodes() if n["Alive"]))
+    experiment = f"{storage.rstrip('/')}/{spec.name}"
+    restoring = tune.Tuner.can_restore(experiment)
+    interrupted = tracker.open_children(ctx.sweep.parent_run_id) if restoring else []
+    for run_id in interrupted:  # trials the stopped sweep was running: Tune runs them again
+        close_trial_run(
+            tracker,
+            run_id,
+            TrialState.INTERRUPTED,
+            "the sweep stopped while this trial ran; the re-run restarted it",
         )
-        gpu = spec.search.resources.gpu
-        if gpu is None:  # unset: one GPU per trial where the cluster has GPUs (see ResourcesSpec)
-            gpu = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        resources = {"cpu": spec.search.resources.cpu, "gpu": gpu}
-        fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
-        searcher, space = make_searcher(spec)
-        if restoring:
-            tuner = tune.Tuner.restore(
-                experiment, trainable=fn, param_space=space, resume_unfinished=True, resume_errored=False
-            )
-        else:
-            tuner = tune.Tuner(
-                fn, param_space=space, tune_config=_tune_config(spec, searcher), run_config=_run_config(spec, storage)
-            )
-        if spec.search.pruner.type == "pbt":
-            # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
-            # which trial exploits which still depends on the order results arrive in.
-            random.seed(derive(spec.seed, "sweep"))
-        if len(spec.goals) > 1:  # epochs report the trainer's metrics; the footprint comes with the last result
-            os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
-        grid = tuner.fit()
-        # a trial Tune created but never started (the circuit breaker stopped the run) has no config
-        records = sorted((_result_record(spec, r) for r in grid if r.config is not None), key=lambda r: r.number)
-        _close_runs(tracker, ctx.sweep.parent_run_id, records)
-        _fetch_checkpoints(spec, grid, records, ctx.out_dir)
-        stopped = faults.breaker(spec, ENDED, spec.search.n_trials - len(records) if spec.search.n_trials else None)
-        if STOPPED is not None and stopped is not None:
-            raise stopped
-    finally:
-        EVENTS = None
-        ray.shutdown()  # a local Ray stops here; a cluster is only disconnected from
+    if restoring:
+        ctx.observer.note(f"resuming the Ray Tune experiment at {experiment} ({len(interrupted)} trial(s) restarted)")
+    context = Context(
+        spec,
+        tracker.uri,
+        tracker.experiment,
+        ctx.sweep,
+        threads_per_trial(spec),
+        None if spec.search.sampler in ("random", "grid") else sampler_seed(spec.seed, 0),
+        checkpoint_every(spec),
+    )
+    gpu = spec.search.resources.gpu
+    if gpu is None:  # unset: one GPU per trial where the cluster has GPUs (see ResourcesSpec)
+        gpu = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    resources = {"cpu": spec.search.resources.cpu, "gpu": gpu}
+    fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
+    searcher, space = make_searcher(spec)
+    if restoring:
+        tuner = tune.Tuner.restore(
+            experiment, trainable=fn, param_space=space, resume_unfinished=True, resume_errored=False
+        )
+    else:
+        tuner = tune.Tuner(
+            fn,
+            param_space=space,
+            tune_config=_tune_config(spec, searcher),
+            run_config=_run_config(spec, storage, state),
+        )
+    if spec.search.pruner.type == "pbt":
+        # PBT draws its exploit partners and mutations from Python's global RNG (in this process);
+        # which trial exploits which still depends on the order results arrive in.
+        random.seed(derive(spec.seed, "sweep"))
+    if len(spec.goals) > 1:  # epochs report the trainer's metrics; the footprint comes with the last result
+        os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+    grid: Any = tuner.fit()  # a ResultGrid: iterable by index
+    # a trial Tune created but never started (the circuit breaker stopped the run) has no config
+    records = sorted((_result_record(spec, r) for r in grid if r.config is not None), key=lambda r: r.number)
+    _close_runs(tracker, ctx.sweep.parent_run_id, records)
+    _fetch_checkpoints(spec, grid, records, ctx.out_dir)
+    stopped = faults.breaker(spec, state.ended, spec.search.n_trials - len(records) if spec.search.n_trials else None)
+    if state.stopped is not None and stopped is not None:
+        raise stopped
     return SearchResult(records, experiment)
 
 
@@ -313,15 +360,15 @@ def _tune_config(spec: SweepSpec, searcher: Any) -> Any:
     )
 
 
-def _run_config(spec: SweepSpec, storage: str) -> Any:
+def _run_config(spec: SweepSpec, storage: str, state: TuneRun) -> Any:
     from ray import tune
 
     return tune.RunConfig(
         name=spec.name,
         storage_path=storage,
         verbose=0,
-        callbacks=[_events_callback(spec)],
-        stop=_breaker(),
+        callbacks=[_events_callback(state)],
+        stop=_breaker(state),
         failure_config=tune.FailureConfig(max_failures=spec.search.ray.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints_kept(spec)),
     )
@@ -350,7 +397,7 @@ def _close_runs(tracker: Tracker, parent: str | None, records: list[TrialRecord]
         if r is not None:
             close_trial_run(tracker, run_id, r.state, r.reason)
         else:
-            close_trial_run(tracker, run_id, "interrupted", "its worker stopped; Tune ran the trial again")
+            close_trial_run(tracker, run_id, TrialState.INTERRUPTED, "its worker stopped; Tune ran the trial again")
 
 
 def _fetch_checkpoints(spec: SweepSpec, grid: Any, records: list[TrialRecord], out_dir: Path) -> None:

@@ -21,18 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.search.trial_runs import SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
+from sweeper.search.trial_runs import EXPLOITED, SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
-from sweeper.trial.build import TrialConfig
+from sweeper.trial.build import ProcessCache, TrialConfig
+from sweeper.trial.states import TrialState
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
 # Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),
 # its epoch, restarts, PBT exploits and the per-epoch history of its lineage.
 META = "meta.json"
 MODEL = "model.pt"
+
+
+# This Ray worker process's data set and compiled forwards: Tune runs trial after trial in one
+# worker process (search.ray.reuse_actors), and a function trainable has no object of its own that
+# lives as long as its process. Only ``trainable`` uses it (no callback of the driver does).
+WORKER_CACHE = ProcessCache()
 
 
 class TrialError(RuntimeError):
@@ -134,10 +141,10 @@ def trainable(config: dict[str, Any], context: Context) -> None:
                 last.update(metrics, epoch=epoch)  # reported below, together with the final checkpoint
             return False  # Tune stops trials itself (see the module docstring)
 
-        outcome = execute(task, decide)
+        outcome = execute(task, decide, cache=WORKER_CACHE)
         close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         log_sweep_dataset(tracker, task.spec, context.sweep, outcome.info)
-        if outcome.state != "complete":
+        if outcome.state != TrialState.COMPLETE:
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
         # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
@@ -146,7 +153,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
                 **last,
                 **ids,
                 **outcome.info.get("footprint", {}),
-                "sweeper_state": "complete",
+                "sweeper_state": TrialState.COMPLETE.value,
                 "seconds": outcome.info["seconds"],
                 "device": outcome.info["device"],
                 "done": True,
@@ -196,7 +203,7 @@ def _open_run(
             close_trial_run(
                 tracker,
                 old,
-                "exploited",
+                EXPLOITED,
                 f"PBT: continued in a new run from trial {previous['number']}'s "
                 f"checkpoint of epoch {previous['epoch']}, with new hyperparameters",
             )
