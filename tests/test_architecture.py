@@ -1,5 +1,6 @@
 """The architecture holds: import contracts (import-linter) that fail on a violation, files of
-at most 400 lines, and a README Layout section that lists the package tree as it is."""
+at most 400 lines, and a Layout section in the manual (docs/architecture.md) that lists the package
+tree as it is."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def test_no_file_is_over_400_lines():
 
 
 def layout_tree() -> set[str]:
-    """The sweeper/ paths README's Layout section lists (nesting by two-space indentation)."""
-    text = (REPO / "README.md").read_text()
+    """The sweeper/ paths the manual's Layout section lists (nesting by two-space indentation)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
     section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     paths, stack = set(), []
@@ -45,7 +46,7 @@ def layout_tree() -> set[str]:
     return paths
 
 
-def test_readme_layout_matches_the_tree():
+def test_documented_layout_matches_the_tree():
     root = REPO / "sweeper"
     modules = list(root.rglob("*.py"))
     actual = {str(p.relative_to(REPO)) for p in modules if p.name != "__init__.py"}
