@@ -8,6 +8,7 @@ trial_run.py exports a finished trial later from its MLflow run, predict.py runs
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
@@ -49,9 +50,8 @@ def export_model(
     with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
         ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
         for fmt in names or spec.formats:
-            entries.append(
-                _one(fmt, lambda p, f=fmt: formats.FORMATS[f].write(model, example, p), out_dir, ref, spec.atol)
-            )
+            write = functools.partial(formats.FORMATS[fmt].write, model, example)
+            entries.append(_one(fmt, write, out_dir, ref, spec.atol))
         onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
         if spec.quantize and onnx_ok:
             src = out_dir / formats.FORMATS["onnx"].file
@@ -63,7 +63,7 @@ def export_model(
                 files.write_atomic(side, json.dumps({k: entry[k] for k in kept}, indent=2))
                 entry["files"].append(str(side))
             entries.append(entry)
-    report = {
+    report: dict[str, Any] = {
         "source": source or {},
         "input": {"shape": [None, *data.input_shape], "dtype": "float32", "batch_dim": 0},
         "output": {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},

@@ -3,6 +3,7 @@ token authentication when one is configured), and the storage and tracking every
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from pathlib import Path
@@ -80,7 +81,8 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
     # runtime_env: in a Ray job, a driver's own runtime_env replaces the job's working_dir.
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Tune tables (sweeper shows its own)
-    quiet = {"log_to_driver": False, "logging_level": "WARNING"}
+    # quiet; ray.init annotates logging_level as int, but its own default is the string 'info'
+    init = functools.partial(ray.init, log_to_driver=False, logging_level="WARNING")  # type: ignore[arg-type]
     if addr is None:  # a new local Ray for this sweep ("local": never a cluster found on the machine);
         # ray.init turns token authentication on for it
         from sweeper.trial.seeding import cpu_cores
@@ -88,14 +90,13 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
         # worker_niceness 0: trials are this Ray's work. Ray's default (15) has them yield to anything
         # else on the machine: under a 2-process load (../shared/tools/busy 2) a trial actor took
         # 3 minutes to start and the 3-trial breaker test over 600 s, against 56 s on a quiet machine.
-        ray.init(
+        init(
             address="local",
             num_cpus=spec.search.ray.num_cpus or cpu_cores(),
             include_dashboard=False,
             object_store_memory=spec.search.ray.object_store_mb * 2**20,
             _system_config={"worker_niceness": 0},
-            **quiet,
         )
         return
     use_auth_token()
-    ray.init(address=addr, **quiet)
+    init(address=addr)
