@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import uuid
 from pathlib import Path
 
 from conftest import REPO
@@ -82,16 +83,17 @@ def test_factories_satisfy_the_protocols_and_broken_ones_do_not(tmp_path: Path):
     for i, (kind, target) in enumerate(factories):
         module, attr = target.split(":")
         lines += [f"from {module} import {attr} as factory_{i}", f"check_{i}: {PROTOCOLS[kind]} = factory_{i}"]
-    (tmp_path / "conforming.py").write_text("\n".join(lines) + "\n")
-    (tmp_path / "broken.py").write_text(BROKEN)
+    # names of their own: mypy's cache would replay a same-named module's errors of an earlier run
+    conforming, broken = (tmp_path / f"{kind}_{uuid.uuid4().hex}.py" for kind in ("conforming", "broken"))
+    conforming.write_text("\n".join(lines) + "\n")
+    broken.write_text(BROKEN)
     # mypy finds sweeper from the repository; the built-ins (installed as sweeper_plugins from
     # plugins/) and the example package (not installed here) through MYPYPATH.
     (tmp_path / "path").mkdir()
     (tmp_path / "path" / "sweeper_plugins").symlink_to(REPO / "plugins")
     search_path = os.pathsep.join([str(tmp_path / "path"), str(EXAMPLE / "src")])
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context", tmp_path / "conforming.py",
-         tmp_path / "broken.py"],
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context", conforming, broken],
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "MYPYPATH": search_path},
     )  # fmt: skip
     errors = {  # those of the two files (the project's configuration and cache: `mypy sweeper`'s)
@@ -100,7 +102,7 @@ def test_factories_satisfy_the_protocols_and_broken_ones_do_not(tmp_path: Path):
         if Path(m["file"]).parent == tmp_path
     }
     expected = {
-        ("broken.py", n): m.group(1)
+        (broken.name, n): m.group(1)
         for n, line in enumerate(BROKEN.splitlines(), start=1)
         if (m := re.search(r"# error: (\w+)", line))
     }
