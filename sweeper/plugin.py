@@ -11,6 +11,10 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
   LR scheduler stepped once per optimizer step, a ``ReduceLROnPlateau`` stepped once per epoch
   with the validation loss, or ``None`` for a constant LR.
 
+``ModelFactory``, ``DatasetFactory``, ``OptimizerFactory`` and ``ScheduleFactory`` type these
+calls for a type checker: each protocol lists only what sweeper passes, so a factory satisfies it
+when every argument a spec may set has a default.
+
 Arguments from the spec are bound to the factory's signature before any training, so a
 misspelt argument fails the sweep up front.
 
@@ -19,9 +23,11 @@ prepared there: downloaded or located) and takes one training step on a few samp
 the dry build. ``in_dry_build()`` is True meanwhile, for a plugin with side effects meant only
 for real trials (counting builds, logging to a service) to skip them.
 
-Versioning: the module an entry point names may declare ``SWEEPER_PLUGIN_API = 1`` (or a list
-of versions); ``registry.get`` refuses a plugin whose declaration excludes
-``sweeper.PLUGIN_API_VERSION``. Undeclared means compatible. Full contract: docs/plugins.md.
+The attributes a plugin may set for sweeper to read (``API_ATTR``, ``CHANNELS_LAST_ATTR``,
+``FUSABLE_ATTR``) are named here and nowhere else. Versioning: the module an entry point names
+may declare ``SWEEPER_PLUGIN_API = 1`` (or a list of versions); ``registry.get`` refuses a plugin
+whose declaration excludes ``sweeper.PLUGIN_API_VERSION``. Undeclared means compatible. Full
+contract: docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -29,16 +35,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
+    from torch.optim.lr_scheduler import LRScheduler
+    from torch.optim.optimizer import ParamsT
+
+__all__ = [
+    "API_ATTR",
+    "CHANNELS_LAST_ATTR",
+    "FUSABLE_ATTR",
+    "DataSplits",
+    "DatasetFactory",
+    "ModelFactory",
+    "Normalize",
+    "OptimizerFactory",
+    "ScheduleFactory",
+    "SeededDatasetFactory",
+    "UnseededDatasetFactory",
+    "in_dry_build",
+]
 
 KINDS = ("datasets", "models", "optimizers", "schedules")
 # Groups `sweeper plugins` lists: the four factory kinds plus search-space templates (templates.py).
 LISTED = (*KINDS, "search_spaces")
-# Module attribute through which a plugin declares the plugin-API version(s) it targets.
+
+# The attributes a plugin may set for sweeper to read (docs/plugins.md, "Attributes a plugin may set").
+# On the module an entry point names: the plugin-API version(s) it targets, an int or a list of ints.
 API_ATTR = "SWEEPER_PLUGIN_API"
+# On the torch.nn.Module a model factory returns: False keeps the default (NCHW) layout on CUDA, where
+# a model with a 2-D convolution otherwise trains in channels_last (NHWC), e.g. for a custom view().
+CHANNELS_LAST_ATTR = "sweeper_channels_last"
+# On a model or optimizer factory: False keeps its trials out of fused training (search.fuse), e.g. a
+# model whose forward branches on its data (vmap cannot batch it), an optimizer whose step needs a closure.
+FUSABLE_ATTR = "sweeper_fusable"
 # Arguments sweeper passes itself, per kind; a spec may not set them.
 INJECTED = {
     "datasets": ("seed",),
@@ -102,7 +133,7 @@ class Normalize:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     # per device: (factor, shift) with x * factor + shift == (x * scale - mean) / std
-    _constants: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _constants: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = str(x.device)
@@ -117,6 +148,54 @@ class Normalize:
 
     def as_dict(self) -> dict[str, Any]:
         return {"scale": self.scale, "mean": list(self.mean), "std": list(self.std)}
+
+
+# --- the factories, as a type checker sees them ------------------------------------------------
+# Each protocol has only the arguments sweeper passes itself (INJECTED): a factory satisfies it when
+# every other argument (what a spec sets) has a default, so `plugin: NAME` alone works. Check one with
+# an annotated assignment, e.g. ``_: ModelFactory = my_model``.
+
+
+class ModelFactory(Protocol):
+    """``sweeper.models``: a model mapping ``(batch, *input_shape)`` inputs to ``(batch, num_classes)``
+    logits; ``input_shape`` is one sample's shape, from the data set."""
+
+    def __call__(self, *, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module: ...
+
+
+class SeededDatasetFactory(Protocol):
+    """``sweeper.datasets``, taking ``seed``: the sweep seed's "data" stream, the same for every
+    trial of a sweep (so every trial sees the same split)."""
+
+    def __call__(self, *, seed: int) -> DataSplits: ...
+
+
+class UnseededDatasetFactory(Protocol):
+    """``sweeper.datasets``, without ``seed`` (a split fixed on disk, say): called with the spec's
+    arguments alone."""
+
+    def __call__(self) -> DataSplits: ...
+
+
+# A data-set factory gets ``seed`` only when its signature accepts it.
+DatasetFactory = SeededDatasetFactory | UnseededDatasetFactory
+
+
+class OptimizerFactory(Protocol):
+    """``sweeper.optimizers``: what ``torch.optim`` optimizers take (``torch.optim.SGD`` itself
+    qualifies): parameters, or parameter-group dicts, each group keeping an ``"lr"``."""
+
+    def __call__(self, params: ParamsT, /) -> torch.optim.Optimizer: ...
+
+
+class ScheduleFactory(Protocol):
+    """``sweeper.schedules``: an LR scheduler over ``optimizer`` for a run of ``epochs`` epochs of
+    ``steps_per_epoch`` optimizer steps, stepped once per optimizer step, or, a ``ReduceLROnPlateau``,
+    once per epoch with the validation loss; ``None`` keeps the optimizer's LR constant."""
+
+    def __call__(
+        self, optimizer: torch.optim.Optimizer, /, *, epochs: int, steps_per_epoch: int
+    ) -> LRScheduler | None: ...
 
 
 # True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).

@@ -15,19 +15,32 @@ swept. Each check returns a ``CheckReport``; docs/plugins.md describes the contr
 from __future__ import annotations
 
 import io
+import math
+import re
 import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import numpy as np
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from sweeper.plugin import DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import bind_args
+
+__all__ = [
+    "CheckReport",
+    "PluginExportWarning",
+    "check_dataset_plugin",
+    "check_model_plugin",
+    "check_optimizer_plugin",
+    "check_schedule_plugin",
+]
 
 
 class PluginExportWarning(UserWarning):
@@ -55,16 +68,56 @@ def _start(kind: str, name: str, args: dict[str, Any] | None) -> tuple[Callable[
 
 def _expect(ok: bool, report: CheckReport, what: str, detail: str = "") -> None:
     if not ok:
-        raise AssertionError(
-            f"{registry.singular(report.kind)} plugin '{report.name}' (distribution "
-            f"{report.distribution} {report.version}): {what}{': ' + detail if detail else ''}"
-        )
+        _fail(report, what, detail)
     report.passed.append(what)
+
+
+def _fail(report: CheckReport, what: str, detail: str = "") -> NoReturn:
+    raise AssertionError(
+        f"{registry.singular(report.kind)} plugin '{report.name}' (distribution "
+        f"{report.distribution} {report.version}): {what}{': ' + detail if detail else ''}"
+    )
 
 
 def _same_params(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _round_trip(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` saved and loaded the way sweeper.trial.checkpoint does it: torch.save, then a
+    weights_only load (tensors and plain containers only)."""
+    saved = io.BytesIO()
+    torch.save(state, saved)
+    saved.seek(0)
+    loaded: dict[str, Any] = torch.load(saved, weights_only=True)
+    return loaded
+
+
+# The small problem the optimizer and schedule checks train on: 64 samples of 4 features, 3 classes.
+
+
+def _toy_data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+
+def _toy_model(seed: int) -> tuple[nn.Module, list[dict[str, Any]]]:
+    """A small classifier initialised under ``seed``, and its parameters as two groups: weights, biases."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return model, [{"params": weights}, {"params": biases}]
+
+
+def _toy_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One optimizer step on the whole batch; the loss before it."""
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
 
 
 # --- models -----------------------------------------------------------------------------------
@@ -116,7 +169,7 @@ def check_model_plugin(
     nn.functional.cross_entropy(out, y).backward()
     missing = [n for n, p in trainable if p.grad is None]
     _expect(not missing, report, "every trainable parameter gets a gradient", f"none for {', '.join(missing[:5])}")
-    bad = [n for n, p in trainable if not torch.isfinite(p.grad).all()]
+    bad = [n for n, p in trainable if p.grad is not None and not torch.isfinite(p.grad).all()]
     _expect(not bad, report, "gradients are finite", f"non-finite in {', '.join(bad[:5])}")
     model.zero_grad(set_to_none=True)
     if export:
@@ -132,8 +185,6 @@ def _warn(report: CheckReport, message: str) -> None:
 
 def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> None:
     """Write TorchScript and ONNX with sweeper's own exporters, reload each, compare outputs."""
-    import numpy as np
-
     from sweeper.export import formats
 
     model = model.eval().cpu()
@@ -155,14 +206,14 @@ def _check_exports(model: nn.Module, x: torch.Tensor, report: CheckReport) -> No
                 _warn(report, f"does not export to {fmt}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
-def _run_torchscript(path: Path, x: torch.Tensor):
+def _run_torchscript(path: Path, x: torch.Tensor) -> np.ndarray:
     from sweeper.export.formats import quiet_jit
 
     with quiet_jit(), torch.no_grad():
         return torch.jit.load(str(path)).eval()(x).numpy()
 
 
-def _run_onnx(path: Path, x: torch.Tensor):
+def _run_onnx(path: Path, x: torch.Tensor) -> np.ndarray:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -233,23 +284,14 @@ def check_optimizer_plugin(
     ``steps`` steps on a small fixed problem lower the loss, that runs are deterministic, and
     that a state_dict round trip (what a checkpoint does) resumes identically."""
     factory, args, report = _start("optimizers", name, args)
-    g = torch.Generator().manual_seed(seed)
-    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+    x, y = _toy_data(seed)
 
     def build() -> tuple[nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
-        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
-        biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
-        opt = factory([{"params": weights}, {"params": biases}], **args)
-        return model, opt
+        model, groups = _toy_model(seed)
+        return model, factory(groups, **args)
 
     def step(model: nn.Module, opt: torch.optim.Optimizer) -> float:
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return _toy_step(model, opt, x, y)
 
     model, opt = build()
     _expect(
@@ -275,12 +317,126 @@ def check_optimizer_plugin(
     _expect(_same_params(model, twin), report, "same seed, same parameters after the same steps")
 
     resumed, resumed_opt = build()
-    saved = io.BytesIO()  # the way sweeper.checkpoint does it: torch.save, then weights_only load
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, saved)
-    saved.seek(0)
-    state = torch.load(saved, weights_only=True)
+    state = _round_trip({"model": model.state_dict(), "optimizer": opt.state_dict()})
     resumed.load_state_dict(state["model"])
     resumed_opt.load_state_dict(state["optimizer"])
     step(model, opt), step(resumed, resumed_opt)
     _expect(_same_params(model, resumed), report, "resumes identically from state_dict (checkpoints)")
     return report
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+# What a plateau-style schedule gets once per epoch in the check: a validation loss that never
+# improves, so that its LR cuts happen within the check's few epochs.
+STALLED_LOSS = 1.0
+
+
+def check_schedule_plugin(
+    name: str, *, args: dict[str, Any] | None = None, epochs: int = 6, steps_per_epoch: int = 8, seed: int = 0
+) -> CheckReport:
+    """Build the schedule over a real optimizer (SGD, momentum 0.9, over two parameter groups with
+    LRs 0.1 and 0.02) for a run of ``epochs`` epochs of ``steps_per_epoch`` steps, and drive it as
+    the trainer does: ``step()`` after every optimizer step, or, a ``ReduceLROnPlateau``,
+    ``step(metric)`` once per epoch (with a validation loss that stalls). Check that it returns an
+    LRScheduler or None, takes every step of the run, keeps each group's LR finite and positive
+    for every optimizer step (finite and not negative after the last), and that a state_dict round
+    trip (what a checkpoint does) resumes the same LR curve."""
+    factory, args, report = _start("schedules", name, args)
+    x, y = _toy_data(seed)
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer, object]:
+        model, groups = _toy_model(seed)
+        groups[1]["lr"] = 0.02  # a group with its own LR: a schedule scales each group's
+        optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+        try:
+            schedule = factory(optimizer, epochs=epochs, steps_per_epoch=steps_per_epoch, **args)
+        except Exception as exc:  # the plugin's to fix: said as a failed check, not a traceback from torch
+            _fail(report, "builds over an SGD optimizer with two parameter groups", _said(exc))
+        return model, optimizer, schedule
+
+    def rebuild() -> tuple[nn.Module, torch.optim.Optimizer, LRScheduler]:
+        model, optimizer, schedule = build()
+        if not isinstance(schedule, LRScheduler):
+            _fail(report, "returns an LRScheduler every time it is built", f"got {type(schedule).__name__}")
+        return model, optimizer, schedule
+
+    model, optimizer, schedule = build()
+    if schedule is None:
+        report.passed.append("returns None: a constant LR")
+        return report
+    if not isinstance(schedule, LRScheduler):
+        _fail(report, "returns a torch.optim.lr_scheduler.LRScheduler or None", f"got {type(schedule).__name__}")
+    report.passed.append("returns a torch.optim.lr_scheduler.LRScheduler")
+    # the trainer's rule (sweeper/trial/trainer.py): a ReduceLROnPlateau steps once per epoch, on a metric
+    how = "step(metric) once per epoch" if isinstance(schedule, ReduceLROnPlateau) else "step() once per optimizer step"
+    took = f"takes {how} for {epochs} epochs of {steps_per_epoch} steps"
+
+    def run(
+        model: nn.Module, optimizer: torch.optim.Optimizer, schedule: LRScheduler, epochs_run: range
+    ) -> list[list[float]]:
+        """Train ``epochs_run``; each group's LR at every optimizer step, then the LRs after the last."""
+        lrs = []
+        for epoch in epochs_run:
+            for step in range(1, steps_per_epoch + 1):
+                lrs.append([float(group["lr"]) for group in optimizer.param_groups])
+                _toy_step(model, optimizer, x, y)
+                if isinstance(schedule, ReduceLROnPlateau):
+                    continue
+                try:
+                    schedule.step()
+                except Exception as exc:  # e.g. a OneCycleLR built for fewer steps than the run takes
+                    _fail(report, took, f"epoch {epoch}, step {step}: {_said(exc)}")
+            if isinstance(schedule, ReduceLROnPlateau):
+                schedule.step(STALLED_LOSS)
+        return [*lrs, [float(group["lr"]) for group in optimizer.param_groups]]
+
+    curve = run(model, optimizer, schedule, range(1, epochs + 1))
+    report.passed.append(took)
+    bad = [
+        f"group {g} at epoch {i // steps_per_epoch + 1}, step {i % steps_per_epoch + 1}: lr {lr:.4g}"
+        for i, lrs in enumerate(curve[:-1])
+        for g, lr in enumerate(lrs)
+        if not (math.isfinite(lr) and lr > 0)
+    ]
+    _expect(not bad, report, "every group's LR is finite and positive at every optimizer step", "; ".join(bad[:3]))
+    _expect(
+        all(math.isfinite(lr) and lr >= 0 for lr in curve[-1]),
+        report,
+        "the LRs after the last step are finite and not negative",
+        f"got {curve[-1]}",
+    )
+
+    half = epochs // 2  # a checkpoint after epoch `half`, resumed by freshly built parts
+    model, optimizer, schedule = rebuild()
+    before = run(model, optimizer, schedule, range(1, half + 1))
+    try:
+        state = _round_trip(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict()}
+        )
+    except Exception as exc:  # e.g. a state holding an object a weights_only load refuses
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        _fail(
+            report,
+            "its state_dict saves and loads as a checkpoint does (torch.load weights_only)",
+            f"it holds a {refused[1]}, which a weights_only load refuses: keep state_dict() to tensors, numbers "
+            "and plain containers"
+            if refused
+            else _said(exc),
+        )
+    model, optimizer, schedule = rebuild()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["scheduler"])
+    after = run(model, optimizer, schedule, range(half + 1, epochs + 1))
+    _expect(
+        before[:-1] + after == curve,
+        report,
+        f"resumes the same LR curve from state_dict after epoch {half} (checkpoints)",
+    )
+    return report
+
+
+def _said(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"

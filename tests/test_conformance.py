@@ -9,9 +9,17 @@ import pytest
 from conftest import make_dist
 
 from sweeper.pluginhost import registry
-from sweeper.testing import PluginExportWarning, check_dataset_plugin, check_model_plugin, check_optimizer_plugin
+from sweeper.testing import (
+    PluginExportWarning,
+    check_dataset_plugin,
+    check_model_plugin,
+    check_optimizer_plugin,
+    check_schedule_plugin,
+)
 
 BAD = """
+import random
+
 import torch
 from torch import nn
 from sweeper.plugin import DataSplits
@@ -49,6 +57,32 @@ class Frozen(torch.optim.SGD):  # never moves a parameter
 
 def frozen(params, *, lr: float = 0.1):
     return Frozen(params, lr=lr)
+
+
+def overshoot(optimizer, *, epochs, steps_per_epoch):  # a linear decay that reaches 0 halfway, then goes negative
+    total = epochs * steps_per_epoch
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - 2 * step / total)
+
+
+def short_cycle(optimizer, *, epochs, steps_per_epoch):  # one epoch short: OneCycleLR raises past its last step
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, 0.1, epochs=epochs - 1, steps_per_epoch=steps_per_epoch)
+
+
+def settings(optimizer, *, epochs, steps_per_epoch):  # a description of a schedule, not a scheduler
+    return {"type": "cosine", "epochs": epochs}
+
+
+class Jittered(torch.optim.lr_scheduler.LRScheduler):  # its state holds a random.Random
+    def __init__(self, optimizer):
+        self.rng = random.Random(0)
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        return [base * (1 + 0.1 * self.rng.random()) for base in self.base_lrs]
+
+
+def jittered(optimizer, *, epochs, steps_per_epoch):
+    return Jittered(optimizer)
 """
 
 
@@ -62,6 +96,9 @@ def bad(site: Path) -> None:
             "sweeper.models": {"wrong_shape": "bad_plugins:wrong_shape", "unscriptable": "bad_plugins:unscriptable"},
             "sweeper.datasets": {"unseeded": "bad_plugins:unseeded"},
             "sweeper.optimizers": {"frozen": "bad_plugins:frozen"},
+            "sweeper.schedules": {
+                name: f"bad_plugins:{name}" for name in ("overshoot", "short_cycle", "settings", "jittered")
+            },
         },
         {"bad_plugins.py": BAD},
     )
@@ -113,3 +150,57 @@ def test_args_are_bound_like_a_spec(bad):
 
     with pytest.raises(UserError, match=r"optimizer.args.lrr: optimizer plugin 'frozen' .*did you mean 'lr'"):
         check_optimizer_plugin("frozen", args={"lrr": 0.1})
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("none", {}),
+        ("onecycle", {}),
+        ("onecycle", {"cycle_momentum": True}),  # cycles the SGD momentum the check builds with
+        ("cosine", {}),  # ends at min_lr 0 after the last step: allowed
+        ("cosine", {"warmup_epochs": 1.5}),
+        ("step", {"step_epochs": 2}),
+        ("plateau", {"patience": 1}),  # once per epoch, on the metric: cuts the LR twice in 6 epochs
+    ],
+)
+def test_builtin_schedules_conform(name, args):
+    report = check_schedule_plugin(name, args=args)
+    assert report.distribution == "sweeper"
+    if name == "none":
+        assert report.passed[-1] == "returns None: a constant LR"
+        return
+    how = "step(metric) once per epoch" if name == "plateau" else "step() once per optimizer step"
+    assert report.passed[1:] == [
+        "returns a torch.optim.lr_scheduler.LRScheduler",
+        f"takes {how} for 6 epochs of 8 steps",
+        "every group's LR is finite and positive at every optimizer step",
+        "the LRs after the last step are finite and not negative",
+        "resumes the same LR curve from state_dict after epoch 3 (checkpoints)",
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "overshoot",
+            r"every group's LR is finite and positive at every optimizer step: group 0 at epoch 4, step 1: lr 0;",
+        ),
+        (
+            "short_cycle",
+            r"takes step\(\) once per optimizer step for 6 epochs of 8 steps: epoch 6, step 1: ValueError: Tried",
+        ),
+        ("settings", r"returns a torch\.optim\.lr_scheduler\.LRScheduler or None: got dict"),
+        (
+            "jittered",
+            r"its state_dict saves and loads as a checkpoint does \(torch\.load weights_only\): it holds a "
+            r"random\.Random, which a weights_only load refuses",
+        ),
+    ],
+)
+def test_broken_schedule_fails(bad, name, message):
+    with pytest.raises(
+        AssertionError, match=rf"^schedule plugin '{name}' \(distribution bad-plugins 0\.0\.1\): {message}"
+    ):
+        check_schedule_plugin(name)

@@ -8,6 +8,7 @@ trial_run.py exports a finished trial later from its MLflow run, predict.py runs
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time

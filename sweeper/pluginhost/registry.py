@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, Literal, overload
 
 from sweeper.errors import UserError
-from sweeper.plugin import API_ATTR, KINDS, LISTED
+from sweeper.plugin import API_ATTR, KINDS, LISTED, DatasetFactory, ModelFactory, OptimizerFactory, ScheduleFactory
 
 GROUP_PREFIX = "sweeper."
 
@@ -77,7 +77,7 @@ def refresh() -> None:
 
     importlib.invalidate_caches()
     _entry_points.cache_clear()
-    get.cache_clear()
+    _load.cache_clear()
     info.cache_clear()
 
 
@@ -194,9 +194,25 @@ def _check_api(kind: str, ep: EntryPoint) -> None:
         )
 
 
-@functools.cache
+# The factory of each kind as sweeper.plugin types it, for a kind written out; the last form is for a
+# kind known only at run time (and search spaces, whose entry points name a package, not a factory).
+@overload
+def get(kind: Literal["models"], name: str) -> ModelFactory: ...
+@overload
+def get(kind: Literal["datasets"], name: str) -> DatasetFactory: ...
+@overload
+def get(kind: Literal["optimizers"], name: str) -> OptimizerFactory: ...
+@overload
+def get(kind: Literal["schedules"], name: str) -> ScheduleFactory: ...
+@overload
+def get(kind: str, name: str) -> Callable[..., Any]: ...
 def get(kind: str, name: str) -> Callable[..., Any]:
     """Import and return one plugin's factory, after checking its declared API version."""
+    return _load(kind, name)
+
+
+@functools.cache
+def _load(kind: str, name: str) -> Any:
     ep = _find(kind, name)
     try:
         factory = ep.load()

@@ -29,7 +29,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from sweeper.files import write_atomic
 
@@ -42,8 +42,9 @@ def local_id() -> str:
     return LOCAL + uuid.uuid4().hex
 
 
-def is_local(run_id: str | None) -> bool:
-    return bool(run_id) and run_id.startswith(LOCAL)
+def is_local(run_id: str | None) -> TypeGuard[str]:
+    """Whether ``run_id`` is a placeholder (a run not created in MLflow yet)."""
+    return run_id is not None and run_id.startswith(LOCAL)
 
 
 class Journal:

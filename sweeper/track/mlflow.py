@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 from urllib.parse import urlsplit
 
 from sweeper.errors import UserError
@@ -63,6 +63,10 @@ class TrackingRefused(UserError):
     """The tracking server refused sweeper's requests: bad or missing credentials, or no permission."""
 
 
+@overload
+def redact(uri: str) -> str: ...
+@overload
+def redact(uri: None) -> None: ...
 def redact(uri: str | None) -> str | None:
     """A tracking URI as sweeper records it: without a password (http://user:pw@host -> user:***)."""
     from urllib.parse import urlsplit, urlunsplit
@@ -94,7 +98,8 @@ class Tracker:
         asynchronous: bool = False,
     ) -> None:
         self.uri, self.experiment, self.journal_dir = uri, experiment, journal_dir
-        self._client = self.outbox = None
+        self._client: _Guarded | None = None
+        self._outbox: Outbox | None = None
         self.sender: Sender | None = None
         if uri is not None:
             from mlflow.tracking import MlflowClient
@@ -107,7 +112,7 @@ class Tracker:
             sqlite.install()  # WAL: a commit without a sync to disk
             empty_db.seed(uri)
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
-            self.outbox = Outbox(
+            self._outbox = Outbox(
                 self._client,
                 lambda: self._experiment_id,
                 redact(uri),
@@ -121,15 +126,29 @@ class Tracker:
     def enabled(self) -> bool:
         return self._client is not None
 
+    @property
+    def outbox(self) -> Outbox:
+        """Where this tracker's writes go (tracking on: check ``enabled`` first)."""
+        if self._outbox is None:
+            raise RuntimeError("tracking is off (no tracking URI): there is no outbox")
+        return self._outbox
+
+    @property
+    def _mlflow(self) -> _Guarded:
+        """The MLflow client (tracking on: check ``enabled`` first)."""
+        if self._client is None:
+            raise RuntimeError("tracking is off (no tracking URI): there is no MLflow client")
+        return self._client
+
     @functools.cached_property
     def _experiment_id(self) -> str:
         """The experiment's id; made if new, and tagged as model training where it says no kind."""
-        found = self._client.get_experiment_by_name(self.experiment)
+        found = self._mlflow.get_experiment_by_name(self.experiment)
         if found is None:
-            return self._client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
+            return self._mlflow.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
         for key, value in EXPERIMENT_KIND.items():
             if key not in found.tags:
-                self._client.set_experiment_tag(found.experiment_id, key, value)
+                self._mlflow.set_experiment_tag(found.experiment_id, key, value)
         return found.experiment_id
 
     @property
@@ -177,7 +196,7 @@ class Tracker:
         if len(unknown) > 1 and parent is not None and not self.offline:
             try:
                 runs = self.outbox.retrying(
-                    lambda: self._client.search_runs(
+                    lambda: self._mlflow.search_runs(
                         [self._experiment_id],
                         f"tags.mlflow.parentRunId = '{self.outbox.real(parent)}'",
                         max_results=50000,
@@ -333,9 +352,9 @@ class Tracker:
         having = "".join(f" and tags.`{TAG}{k}` = '{v}'" for k, v in (tags or {}).items())
         try:
             run_id = self.outbox.real(parent)
-            exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
+            exp = self.outbox.retrying(lambda: self._mlflow.get_run(run_id).info.experiment_id)
             runs = self.outbox.retrying(
-                lambda: self._client.search_runs(
+                lambda: self._mlflow.search_runs(
                     [exp],
                     filter_string=f"tags.mlflow.parentRunId = '{run_id}' and attributes.status = 'RUNNING'{having}",
                 )
@@ -355,12 +374,13 @@ class Tracker:
         """The newest nested run of ``parent`` for each trial number (tag sweeper.trial), any status."""
         self.drain()
         run_id = self.outbox.real(parent)
-        exp = self.outbox.retrying(lambda: self._client.get_run(run_id).info.experiment_id)
+        exp = self.outbox.retrying(lambda: self._mlflow.get_run(run_id).info.experiment_id)
         found: dict[int, str] = {}
         for number in numbers:
             query = f"tags.mlflow.parentRunId = '{run_id}' and tags.`{TAG}trial` = '{number}'"
             runs = self.outbox.retrying(
-                lambda query=query: self._client.search_runs(
+                functools.partial(
+                    self._mlflow.search_runs,
                     [exp],
                     filter_string=query,
                     order_by=["attributes.start_time DESC"],
@@ -377,7 +397,7 @@ class Tracker:
 
         self.drain()
         try:
-            return self._client.get_run(self.outbox.real(run_id))
+            return self._mlflow.get_run(self.outbox.real(run_id))
         except (MlflowException, Away, Rejected) as exc:
             raise LookupError(f"run {run_id} at {self.uri}: {first_line(exc)}") from None
 
@@ -387,7 +407,7 @@ class Tracker:
 
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                return json.loads(Path(self._client.download_artifacts(self.real_id(run_id), path, tmp)).read_text())
+                return json.loads(Path(self._mlflow.download_artifacts(self.real_id(run_id), path, tmp)).read_text())
         except (MlflowException, OSError, ValueError) as exc:
             raise LookupError(f"run {run_id} at {self.uri}: no readable {path} ({first_line(exc)})") from None
 
@@ -397,13 +417,13 @@ class Tracker:
 
         dst.mkdir(parents=True, exist_ok=True)
         try:
-            return Path(self._client.download_artifacts(self.real_id(run_id), path, str(dst)))
+            return Path(self._mlflow.download_artifacts(self.real_id(run_id), path, str(dst)))
         except (MlflowException, OSError) as exc:
             raise LookupError(f"run {run_id} at {self.uri}: no artifact {path} ({first_line(exc)})") from None
 
     def metric_history(self, run_id: str, key: str) -> list[Any]:
         self.drain()
-        return self._client.get_metric_history(self.real_id(run_id), key)
+        return self._mlflow.get_metric_history(self.real_id(run_id), key)
 
 
 def _now_ms() -> int:

@@ -83,7 +83,7 @@ class Outbox:
         with self._lock:
             if self.journal is not None:
                 if not self.flush():
-                    return self._keep(entry, file)
+                    return self._keep(self.journal, entry, file)
                 _say(f"MLflow at {self.where} answers again: the writes that waited were sent", "note")
             try:
                 return self.retrying(lambda: self._send(entry, file))
@@ -101,7 +101,7 @@ class Outbox:
                     f"MLflow at {self.where} does not answer ({brief(exc)}): its writes wait in {self.journal.path} "
                     "and are sent when it answers again"
                 )
-                return self._keep(entry, file)
+                return self._keep(self.journal, entry, file)
 
     def retrying(self, call: Callable[[], Any]) -> Any:
         """``call``, tried again after each of RETRY_DELAYS_S while the server does not answer
@@ -207,7 +207,11 @@ class Outbox:
         elif op == "set_terminated":
             client.set_terminated(run_id, status=entry["status"], end_time=entry["time"])
         elif op == "log_artifact":
-            client.log_artifact(run_id, str(file or self.journal.files / entry["file"]), entry.get("folder"))
+            if file is None:  # a journal's write: its artifact was kept beside the journal
+                if self.journal is None:
+                    raise Rejected(f"an artifact write without its file: {entry}")
+                file = self.journal.files / entry["file"]
+            client.log_artifact(run_id, str(file), entry.get("folder"))
         else:
             raise Rejected(f"unknown write {op!r}")
         return None
@@ -237,18 +241,18 @@ class Outbox:
             self._ids[entry["run"]] = made
         return made
 
-    def _keep(self, entry: dict[str, Any], file: Path | None) -> str | None:
+    def _keep(self, journal: Journal, entry: dict[str, Any], file: Path | None) -> str | None:
         """Journal a write; returns the placeholder of the run a create_run made."""
         if entry["op"] == "create_run":  # a live one keeps its placeholder: its writes name it
             entry = {k: v for k, v in entry.items() if k != "live"}
             entry["run"] = entry.get("run") or local_id()
         if file is not None:
             try:
-                entry["file"] = self.journal.keep_file(file)  # the source may be a temporary file
+                entry["file"] = journal.keep_file(file)  # the source may be a temporary file
             except OSError as exc:
                 _say(f"artifact {file} could not be kept for MLflow ({exc}): it is left out")
                 return None
-        self.journal.append(entry)
+        journal.append(entry)
         return entry.get("run") if entry["op"] == "create_run" else None
 
 

@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
+from sweeper.plugin import FUSABLE_ATTR
 from sweeper.pluginhost import registry
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
@@ -82,7 +83,7 @@ def fusable(kind: str, plugin: str) -> bool:
     """A model or optimizer plugin may opt out of fusing with ``sweeper_fusable = False`` on its
     factory: a model whose forward branches on its data (vmap cannot batch it), an optimizer
     whose step needs a closure or looks at other parameters than its own."""
-    return bool(getattr(registry.get(kind, plugin), "sweeper_fusable", True))
+    return bool(getattr(registry.get(kind, plugin), FUSABLE_ATTR, True))
 
 
 def fuse_key(config: TrialConfig) -> str:
@@ -134,7 +135,7 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
     refs = [("models", first.model.plugin)] + sorted({("optimizers", c.spec.optimizer.plugin) for c in configs})
     for kind, plugin in refs:  # each member steps its own optimizer: they may differ
         if not fusable(kind, plugin):
-            return f"the {kind[:-1]} plugin '{plugin}' says it cannot be fused (sweeper_fusable = False)"
+            return f"the {kind[:-1]} plugin '{plugin}' says it cannot be fused ({FUSABLE_ATTR} = False)"
     if first.train.compile:
         return "train.compile is on (a fused model is compiled as a whole, not per trial)"
     device = resolve_device(first.train.device)

@@ -13,11 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from sweeper.plugin import CHANNELS_LAST_ATTR
 from sweeper.pluginhost.binding import accepted_args
 
-# A model plugin keeps the default (NCHW) layout by setting this attribute on the module it
-# returns to False (a model with ops slower or wrong in channels_last, e.g. a custom view()).
-CHANNELS_LAST_ATTR = "sweeper_channels_last"
 # Compiled forwards kept per process (each holds its generated kernels): the oldest goes first.
 COMPILED_KEEP = 8
 # torch.compile's backend (the tests use a cheaper one: inductor takes ~50 s for a small CNN on 2 cores)
