@@ -39,7 +39,7 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+            err.print("[bold red]error:[/]", escape(str(exc)), soft_wrap=True)  # [..] in a message is text
             raise typer.Exit(2) from None
         except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
             err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)

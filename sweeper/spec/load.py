@@ -189,7 +189,7 @@ def read_text(path: Path) -> str:
 
 
 def validate(tree: dict[str, Any], source: str) -> SweepSpec:
-    _check_finite(tree, source)
+    _check_numbers(tree, source)
     try:
         spec = SweepSpec.model_validate(tree)
     except ValidationError as exc:
@@ -204,9 +204,17 @@ def validate(tree: dict[str, Any], source: str) -> SweepSpec:
     return spec
 
 
-def _check_finite(tree: Any, source: str) -> None:
+# The largest magnitudes a spec's numbers may have: what the tensors and columns they end up in
+# hold. A trial's tensors are float32 or narrower (a larger float is inf there); torch, NumPy and
+# the databases store integers in 64 bits (a larger int overflows inside a plugin or a driver).
+MAX_FLOAT = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+MAX_INT = 2**63 - 1
+
+
+def _check_numbers(tree: Any, source: str) -> None:
     """No NaN or infinity anywhere (ranges, lr, epochs, plugin args): they are never what the
-    user meant, and they poison comparisons (a NaN bound makes every range check pass)."""
+    user meant, and they poison comparisons (a NaN bound makes every range check pass). No
+    number beyond MAX_FLOAT or MAX_INT either: it would fail deep inside a plugin or a driver."""
     stack: list[tuple[str, Any]] = [("", tree)]
     while stack:
         where, node = stack.pop()
@@ -214,6 +222,16 @@ def _check_finite(tree: Any, source: str) -> None:
             raise UserError(
                 f"{source}: {where or '(top level)'}: {node} is not a number; expected a finite "
                 f"number (NaN and infinities are not allowed in a spec)"
+            )
+        if isinstance(node, float) and abs(node) > MAX_FLOAT:
+            raise UserError(
+                f"{source}: {where or '(top level)'}: {node:g} is beyond what a float32 tensor holds "
+                f"(±{MAX_FLOAT:.3g}); expected a number of sensible magnitude"
+            )
+        if isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_INT:
+            raise UserError(
+                f"{source}: {where or '(top level)'}: {_short(str(node))} is beyond a 64-bit integer "
+                f"(±{MAX_INT:,}); expected a number of sensible magnitude"
             )
         if isinstance(node, dict):
             stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in node.items())
@@ -247,6 +265,8 @@ def _describe(err: dict[str, Any]) -> str:
         allowed = _fields_at(err["loc"][:-1])
         return f"{where}: unknown key" + (f"; expected one of: {', '.join(allowed)}" if allowed else "")
     msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith(f"{where}."):  # the message names the path itself, more precisely
+        return msg
     got = err.get("input")
     shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {_short(repr(got))})"
     return f"{where}: {msg}{shown}"
