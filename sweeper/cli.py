@@ -41,6 +41,11 @@ def user_errors(fn: Callable) -> Callable:
         except UserError as exc:
             err.print("[bold red]error:[/]", escape(str(exc)), soft_wrap=True)  # [..] in a message is text
             raise typer.Exit(2) from None
+        except OSError as exc:  # a path the user gave that cannot be read or written (a missing folder, ...)
+            if exc.filename is None:
+                raise
+            err.print("[bold red]error:[/]", escape(f"{exc.filename}: {exc.strerror or exc}"), soft_wrap=True)
+            raise typer.Exit(2) from None
         except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
             err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)
             raise typer.Exit(1) from None
@@ -349,6 +354,7 @@ def predict(
 
 
 @app.command()
+@user_errors
 def schema(out: Path | None = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
     """Print the spec's JSON schema (for editor autocompletion)."""
     from sweeper.spec import json_schema
