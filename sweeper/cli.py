@@ -102,6 +102,7 @@ def worker(
 
         sweep = validate(apply_overrides(stored_spec(study, name), overrides or []), f"--study {name or ''}".strip())
     else:
+        assert spec is not None  # one of the two is given (checked above)
         sweep = load(spec, overrides or [])
     if sweep.search.backend != "optuna":
         raise UserError(
@@ -465,4 +466,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -109,6 +109,15 @@ def test_the_argument_refused_is_named_not_another_searched_value():
         ("optimizer.args.lr=1e300", ["optimizer.args.lr: 1e+300 is beyond what a float32 tensor holds"]),
         ("model.args.hidden=100000000000000000000", ["model.args.hidden: 100000000000000000000 is beyond a 64-bit"]),
         ("seed=100000000000000000000000", ["seed: 100000000000000000000000 is beyond a 64-bit integer"]),
+        (  # the built-in plugins' annotated ranges
+            "model.args.hidden=1000000000",
+            ["model.args.hidden: model plugin 'mlp' expects int, got 1000000000", "less than or equal to 65536"],
+        ),
+        (
+            "search.space.dataset.args.num_train={type: int, low: 64, high: 100000000000}",
+            ["dataset.args.num_train: dataset plugin 'synthetic' expects int, got 100000000000 (from search.space"],
+        ),
+        ("schedule.args.warmup_epochs=-3", ["schedule.args.warmup_epochs", "greater than or equal to 0"]),
         (
             "search.space.train.epochs={type: int, low: 1, high: 1000000000}",
             ["search.space.train.epochs: value 1000000000 does not fit", "less than or equal to 100000"],

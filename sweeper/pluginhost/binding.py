@@ -146,10 +146,10 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str, written: d
         ) from None
 
 
-def annotations(factory: Callable[..., Any]) -> dict[str, Any]:
+def factory_annotations(factory: Callable[..., Any]) -> dict[str, Any]:
     """The factory's parameter annotations, resolved (``Annotated`` extras kept); a parameter whose
     annotation does not resolve (a name imported only for type checkers) is left out."""
-    target = factory.__init__ if isinstance(factory, type) else factory
+    target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]  # a class: its __init__
     try:
         return typing.get_type_hints(target, include_extras=True)
     except Exception:
@@ -206,7 +206,7 @@ def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | No
     from pydantic import ValidationError
 
     factory = registry.get(kind, name)
-    hints = annotations(factory)
+    hints = factory_annotations(factory)
     for arg, candidates in values.items():
         if arg not in hints:
             continue
@@ -231,14 +231,18 @@ def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | No
 def describe_args(kind: str, factory: Callable[..., Any]) -> list[tuple[str, str, str]]:
     """(name, default, type) of each argument a spec may set, as text; default 'required'."""
 
-    def text(value: Any) -> str:
+    hints = factory_annotations(factory)
+
+    def text(name: str, value: Any) -> str:
+        if name in hints and typing.get_origin(hints[name]) is typing.Annotated:
+            return type_text(hints[name])  # the type, without its range
         return value if isinstance(value, str) else getattr(value, "__name__", None) or repr(value)
 
     return [
         (
             p.name,
             "required" if p.default is p.empty else repr(p.default),
-            "" if p.annotation is p.empty else text(p.annotation),
+            "" if p.annotation is p.empty else text(p.name, p.annotation),
         )
         for p in own_args(kind, factory)
     ]

@@ -5,7 +5,7 @@ Every default lives here, with its unit and reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -372,12 +372,13 @@ class TrackingSpec(_Strict):
         )
 
 
-EXPORT_FORMATS = ("torchscript", "pt2", "onnx")
+ExportFormat = Literal["torchscript", "pt2", "onnx"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 
 
 class ExportSpec(_Strict):
     # TorchScript (deprecated upstream, still asked for), torch.export (.pt2), ONNX: all by default
-    formats: list[Literal[EXPORT_FORMATS]] = list(EXPORT_FORMATS)
+    formats: list[ExportFormat] = ["torchscript", "pt2", "onnx"]
     # max |eager - exported| over the outputs, at batch sizes 1 and 33 of validation rows; fp32
     atol: float = Field(default=1e-4, gt=0)
     # dynamic int8 quantization of the ONNX file's Linear layers (model.int8.onnx, CPU serving);

@@ -174,7 +174,8 @@ def grid_values(path: str, p: Param) -> list[Any]:
         return list(p.choices)
     if isinstance(p, IntParam):
         return list(range(p.low, p.high + 1, p.step))
-    return [round(p.low + i * p.step, 12) for i in range(count)]
+    step = p.step or 0.0  # grid_count refused a float without a step
+    return [round(p.low + i * step, 12) for i in range(count)]
 
 
 def grid_count(path: str, p: Param) -> int:
