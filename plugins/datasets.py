@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from sweeper.plugin import DataSplits
 
@@ -20,7 +21,11 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor,
     return order[n_val:], order[:n_val]
 
 
-def digits(*, val_fraction: float = 0.2, seed: int = 0) -> DataSplits:
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]  # of the samples held out for validation
+Samples = Annotated[int, Field(ge=1, le=10_000_000)]  # synthetic samples, held in memory
+
+
+def digits(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes): real data that
     needs no download. Pixels 0..16 are scaled to 0..1, then standardised with the training
     split's mean and std."""
@@ -58,11 +63,11 @@ def _digits_arrays() -> tuple[Any, Any]:
 
 def synthetic(
     *,
-    num_train: int = 512,
-    num_val: int = 128,
+    num_train: Samples = 512,
+    num_val: Samples = 128,
     input_shape: tuple[int, ...] = (1, 8, 8),
-    num_classes: int = 4,
-    noise: float = 0.1,
+    num_classes: Annotated[int, Field(ge=2, le=100_000)] = 4,
+    noise: Annotated[float, Field(ge=0.0, le=1_000.0)] = 0.1,  # times the logits' std
     seed: int = 0,
 ) -> DataSplits:
     """Gaussian inputs labelled by a fixed random linear teacher (plus ``noise`` on the logits):

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
+from pydantic import Field
 from torch import nn
+
+# The ranges sweeper checks each value against before any trial (fixed or searched): far above
+# any model that trains here, far below what exhausts memory while building one (a typo).
+Width = Annotated[int, Field(ge=1, le=65_536)]  # units (features or channels) of a layer
+Depth = Annotated[int, Field(ge=0, le=1_000)]  # repeated layers or blocks
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 def mlp(
-    *, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256, depth: int = 2, dropout: float = 0.0
+    *, input_shape: tuple[int, ...], num_classes: int, hidden: Width = 256, depth: Depth = 2, dropout: Probability = 0.0
 ) -> nn.Module:
     """Flatten -> ``depth`` x (Linear(hidden) -> ReLU -> Dropout) -> Linear(num_classes)."""
     layers: list[nn.Module] = [nn.Flatten()]
@@ -29,7 +37,12 @@ def _conv_bn(c_in: int, c_out: int, stride: int = 1) -> list[nn.Module]:
 
 
 def cnn(
-    *, input_shape: tuple[int, ...], num_classes: int, channels: int = 32, blocks: int = 2, dropout: float = 0.0
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    channels: Width = 32,
+    blocks: Annotated[int, Field(ge=1, le=16)] = 2,  # channels double per block: 2**16 times the first
+    dropout: Probability = 0.0,
 ) -> nn.Module:
     """``blocks`` x (2 conv3x3-BN-ReLU, channels doubling, 2x2 max-pool) -> global avg pool -> Linear.
 
@@ -67,7 +80,9 @@ class BasicBlock(nn.Module):
         return self.relu(self.body(x) + self.shortcut(x))
 
 
-def resnet18(*, input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> nn.Module:
+def resnet18(
+    *, input_shape: tuple[int, ...], num_classes: int, width: Annotated[int, Field(ge=1, le=4096)] = 64
+) -> nn.Module:
     """ResNet-18 for small images: 3x3 stride-1 stem, no max-pool, stages of width
     ``width * (1, 2, 4, 8)`` with 2 basic blocks each (He et al. 2016, CIFAR variant)."""
     layers: list[nn.Module] = _conv_bn(input_shape[0], width)

@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
 from torch.optim import Optimizer, lr_scheduler
+
+Positive = Annotated[float, Field(gt=0.0)]
+Epochs = Annotated[int, Field(ge=1, le=100_000)]
 
 
 def none(optimizer: Optimizer, *, epochs: int, steps_per_epoch: int) -> None:
@@ -16,9 +22,9 @@ def onecycle(
     *,
     epochs: int,
     steps_per_epoch: int,
-    pct_start: float = 0.25,
-    div_factor: float = 25.0,
-    final_div_factor: float = 1e4,
+    pct_start: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25,  # of the steps spent rising to the peak
+    div_factor: Positive = 25.0,
+    final_div_factor: Positive = 1e4,
     cycle_momentum: bool = False,
 ) -> lr_scheduler.OneCycleLR:
     """One-cycle policy (Smith 2018) peaking at the optimizer's configured LR. ``cycle_momentum``
@@ -38,7 +44,12 @@ def onecycle(
 
 
 def cosine(
-    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, warmup_epochs: float = 0.0, min_lr: float = 0.0
+    optimizer: Optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    warmup_epochs: Annotated[float, Field(ge=0.0, le=100_000)] = 0.0,
+    min_lr: Annotated[float, Field(ge=0.0)] = 0.0,
 ) -> lr_scheduler.LRScheduler:
     """Cosine decay to ``min_lr`` over the run, after an optional linear warm-up (epochs)."""
     total = epochs * steps_per_epoch
@@ -51,7 +62,7 @@ def cosine(
 
 
 def step(
-    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: int = 10, gamma: float = 0.1
+    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: Epochs = 10, gamma: Positive = 0.1
 ) -> lr_scheduler.StepLR:
     """Multiply the LR by ``gamma`` every ``step_epochs`` epochs."""
     return lr_scheduler.StepLR(optimizer, step_size=step_epochs * steps_per_epoch, gamma=gamma)
@@ -62,9 +73,9 @@ def plateau(
     *,
     epochs: int,
     steps_per_epoch: int,
-    factor: float = 0.1,
-    patience: int = 2,
-    min_lr: float = 0.0,
+    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1,  # torch refuses 1 and above
+    patience: Annotated[int, Field(ge=0, le=100_000)] = 2,  # epochs
+    min_lr: Annotated[float, Field(ge=0.0)] = 0.0,
 ) -> lr_scheduler.ReduceLROnPlateau:
     """Multiply the LR by ``factor`` when the validation loss stalls for ``patience`` epochs."""
     return lr_scheduler.ReduceLROnPlateau(optimizer, mode="min", factor=factor, patience=patience, min_lr=min_lr)

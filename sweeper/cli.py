@@ -39,7 +39,12 @@ def user_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+            err.print("[bold red]error:[/]", escape(str(exc)), soft_wrap=True)  # [..] in a message is text
+            raise typer.Exit(2) from None
+        except OSError as exc:  # a path the user gave that cannot be read or written (a missing folder, ...)
+            if exc.filename is None:
+                raise
+            err.print("[bold red]error:[/]", escape(f"{exc.filename}: {exc.strerror or exc}"), soft_wrap=True)
             raise typer.Exit(2) from None
         except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
             err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)
@@ -97,6 +102,7 @@ def worker(
 
         sweep = validate(apply_overrides(stored_spec(study, name), overrides or []), f"--study {name or ''}".strip())
     else:
+        assert spec is not None  # one of the two is given (checked above)
         sweep = load(spec, overrides or [])
     if sweep.search.backend != "optuna":
         raise UserError(
@@ -349,6 +355,7 @@ def predict(
 
 
 @app.command()
+@user_errors
 def schema(out: Path | None = typer.Option(None, "--out", help="write to a file instead of stdout")) -> None:
     """Print the spec's JSON schema (for editor autocompletion)."""
     from sweeper.spec import json_schema
@@ -459,4 +466,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

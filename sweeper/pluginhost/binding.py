@@ -52,15 +52,18 @@ def check_plugins(spec: SweepSpec) -> None:
                 values.setdefault(arg, []).extend(
                     (v, f"search.space.{section}.args.{arg}") for v in sp.representatives(param)
                 )
-            bind_args(kind, name, {a: vs[0][0] for a, vs in values.items()}, f"{section}.args")
+            written = {a: vs[-1][1] for a, vs in values.items() if vs[-1][1]}  # searched: where it is written
+            bind_args(kind, name, {a: vs[0][0] for a, vs in values.items()}, f"{section}.args", written)
             check_types(kind, name, values, f"{section}.args")
 
 
-def plugin_points(spec: SweepSpec) -> list[dict[str, Any]]:
-    """Points of the search space that together use every plugin choice, for a dry build: the
-    first (each active parameter at its first representative value), then one per other choice
-    of a searched ``*.plugin``, with the parameters its ``when`` conditions enable. One point per
-    choice, not their product."""
+def plugin_points(spec: SweepSpec) -> list[tuple[str, dict[str, Any]]]:
+    """Points of the search space that together use every plugin choice and every choice of a
+    searched categorical plugin argument, for a dry build, each with a label: "base" (each
+    active parameter at its first representative value), then one per other choice of a
+    categorical ``{section}.plugin`` or ``{section}.args.*`` (e.g. ``model.args.arch=wide``),
+    with the parameters its ``when`` conditions need set to enable it. One point per choice,
+    not their product; a point already listed is not listed again."""
     space = spec.search.space
 
     def point(forced: dict[str, Any]) -> dict[str, Any]:
@@ -70,13 +73,17 @@ def plugin_points(spec: SweepSpec) -> list[dict[str, Any]]:
                 chosen[path] = forced[path] if path in forced else sp.representatives(param)[0]
         return chosen
 
-    points = [point({})]
-    for section in SECTIONS:
-        param = space.get(f"{section}.plugin")
-        for choice in param.choices if isinstance(param, sp.CategoricalParam) else []:
-            candidate = point({f"{section}.plugin": choice})
-            if candidate not in points:
-                points.append(candidate)
+    points = [("base", point({}))]
+    plugins = [p for p in space if p.split(".")[0] in SECTIONS and p.endswith(".plugin")]  # first
+    arguments = [p for p in space if p.split(".")[0] in SECTIONS and p not in plugins]
+    for path in plugins + arguments:
+        param = space[path]
+        if not isinstance(param, sp.CategoricalParam):
+            continue
+        for choice in param.choices:
+            candidate = point({**sp.enabling(space, path), path: choice})
+            if all(candidate != known for _, known in points):
+                points.append((f"{path}={choice}", candidate))
     return points
 
 
@@ -109,10 +116,12 @@ def own_args(kind: str, factory: Callable[..., Any]) -> list[inspect.Parameter]:
     ]
 
 
-def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
+def bind_args(kind: str, name: str, args: dict[str, Any], where: str, written: dict[str, str] | None = None) -> None:
     """Check that ``args`` (plus what sweeper injects) bind to the factory's signature.
 
-    ``where`` is the spec path of the args (e.g. ``optimizer.args``), used in the message."""
+    ``where`` is the spec path of the args (e.g. ``optimizer.args``), used in the message;
+    ``written`` maps an argument given by the search space to its path there."""
+    written = written or {}
     factory = registry.get(kind, name)
     injected = [a for a in INJECTED[kind] if a in args]
     if injected:
@@ -129,7 +138,7 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
         if unknown and params is not None:
             hint = did_you_mean(unknown[0], allowed, " (did you mean '{}'?)")
             raise UserError(
-                f"{where}.{unknown[0]}: {who} has no argument '{unknown[0]}'{hint}; "
+                f"{written.get(unknown[0], f'{where}.{unknown[0]}')}: {who} has no argument '{unknown[0]}'{hint}; "
                 f"it accepts: {', '.join(allowed)}. The plugin comes from {source}."
             ) from None
         raise UserError(
@@ -137,10 +146,10 @@ def bind_args(kind: str, name: str, args: dict[str, Any], where: str) -> None:
         ) from None
 
 
-def annotations(factory: Callable[..., Any]) -> dict[str, Any]:
+def factory_annotations(factory: Callable[..., Any]) -> dict[str, Any]:
     """The factory's parameter annotations, resolved (``Annotated`` extras kept); a parameter whose
     annotation does not resolve (a name imported only for type checkers) is left out."""
-    target = factory.__init__ if isinstance(factory, type) else factory
+    target = factory.__init__ if isinstance(factory, type) else factory  # type: ignore[misc]  # a class: its __init__
     try:
         return typing.get_type_hints(target, include_extras=True)
     except Exception:
@@ -197,7 +206,7 @@ def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | No
     from pydantic import ValidationError
 
     factory = registry.get(kind, name)
-    hints = annotations(factory)
+    hints = factory_annotations(factory)
     for arg, candidates in values.items():
         if arg not in hints:
             continue
@@ -222,14 +231,18 @@ def check_types(kind: str, name: str, values: dict[str, list[tuple[Any, str | No
 def describe_args(kind: str, factory: Callable[..., Any]) -> list[tuple[str, str, str]]:
     """(name, default, type) of each argument a spec may set, as text; default 'required'."""
 
-    def text(value: Any) -> str:
+    hints = factory_annotations(factory)
+
+    def text(name: str, value: Any) -> str:
+        if name in hints and typing.get_origin(hints[name]) is typing.Annotated:
+            return type_text(hints[name])  # the type, without its range
         return value if isinstance(value, str) else getattr(value, "__name__", None) or repr(value)
 
     return [
         (
             p.name,
             "required" if p.default is p.empty else repr(p.default),
-            "" if p.annotation is p.empty else text(p.annotation),
+            "" if p.annotation is p.empty else text(p.name, p.annotation),
         )
         for p in own_args(kind, factory)
     ]

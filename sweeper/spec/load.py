@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from sweeper.errors import UserError
 from sweeper.spec import space as sp
@@ -49,7 +51,7 @@ class _Loader(yaml.SafeLoader):
         self._nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML's stubs leave it untyped
         if isinstance(event, yaml.AliasEvent):
             raise _Refused(
                 f"YAML aliases (*{event.anchor}) are not allowed in a spec; write the value out "
@@ -89,7 +91,15 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)  # 2024-05-01
+
+
+def _as_text(loader: _Loader, node: yaml.Node) -> str:
+    """A timestamp (2024-05-01) stays the text it is written as."""
+    assert isinstance(node, yaml.ScalarNode)
+    return str(loader.construct_scalar(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
 for _tag in ("binary", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader._refuse_tag)
 # What a malformed scalar with an explicit tag raises (!!int abc, !!bool maybe, !!int with no digits).
@@ -139,8 +149,9 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         values[path] = parse_yaml(raw, f"override {_short(path)}") if raw else ""
     tree = dict(tree)
     search = tree.get("search") or {}
-    space = (search.get("space") or {}) if isinstance(search, dict) else None
+    space: dict[str, Any] | None = (search.get("space") or {}) if isinstance(search, dict) else None
     for path in [p for p in values if p.startswith("search.space.")] if isinstance(space, dict) else []:
+        assert isinstance(space, dict) and isinstance(search, dict)
         key = path.removeprefix("search.space.")
         if not any(key == k or key.startswith(f"{k}.") for k in map(str, space)):
             # a new search-space key: its dots belong to the key (a spec path), not to nesting
@@ -152,7 +163,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         raise UserError(f"override: {exc}") from None
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
+def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
     """Read, override and validate a spec; every problem becomes a UserError naming the path."""
     path = Path(path)
     tree = parse_yaml(read_text(path), str(path))
@@ -189,7 +200,7 @@ def read_text(path: Path) -> str:
 
 
 def validate(tree: dict[str, Any], source: str) -> SweepSpec:
-    _check_finite(tree, source)
+    _check_numbers(tree, source)
     try:
         spec = SweepSpec.model_validate(tree)
     except ValidationError as exc:
@@ -204,9 +215,17 @@ def validate(tree: dict[str, Any], source: str) -> SweepSpec:
     return spec
 
 
-def _check_finite(tree: Any, source: str) -> None:
+# The largest magnitudes a spec's numbers may have: what the tensors and columns they end up in
+# hold. A trial's tensors are float32 or narrower (a larger float is inf there); torch, NumPy and
+# the databases store integers in 64 bits (a larger int overflows inside a plugin or a driver).
+MAX_FLOAT = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+MAX_INT = 2**63 - 1
+
+
+def _check_numbers(tree: Any, source: str) -> None:
     """No NaN or infinity anywhere (ranges, lr, epochs, plugin args): they are never what the
-    user meant, and they poison comparisons (a NaN bound makes every range check pass)."""
+    user meant, and they poison comparisons (a NaN bound makes every range check pass). No
+    number beyond MAX_FLOAT or MAX_INT either: it would fail deep inside a plugin or a driver."""
     stack: list[tuple[str, Any]] = [("", tree)]
     while stack:
         where, node = stack.pop()
@@ -214,6 +233,16 @@ def _check_finite(tree: Any, source: str) -> None:
             raise UserError(
                 f"{source}: {where or '(top level)'}: {node} is not a number; expected a finite "
                 f"number (NaN and infinities are not allowed in a spec)"
+            )
+        if isinstance(node, float) and abs(node) > MAX_FLOAT:
+            raise UserError(
+                f"{source}: {where or '(top level)'}: {node:g} is beyond what a float32 tensor holds "
+                f"(±{MAX_FLOAT:.3g}); expected a number of sensible magnitude"
+            )
+        if isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_INT:
+            raise UserError(
+                f"{source}: {where or '(top level)'}: {_short(str(node))} is beyond a 64-bit integer "
+                f"(±{MAX_INT:,}); expected a number of sensible magnitude"
             )
         if isinstance(node, dict):
             stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in node.items())
@@ -238,7 +267,7 @@ def _check_space_types(spec: SweepSpec, source: str) -> None:
                 ) from None
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     loc = [str(p) for p in err["loc"]]
     if loc[:2] == ["search", "space"] and len(loc) > 3 and loc[3] in ("float", "int", "categorical"):
         del loc[3]  # pydantic puts the union tag in the location
@@ -247,6 +276,8 @@ def _describe(err: dict[str, Any]) -> str:
         allowed = _fields_at(err["loc"][:-1])
         return f"{where}: unknown key" + (f"; expected one of: {', '.join(allowed)}" if allowed else "")
     msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith(f"{where}."):  # the message names the path itself, more precisely
+        return msg
     got = err.get("input")
     shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {_short(repr(got))})"
     return f"{where}: {msg}{shown}"

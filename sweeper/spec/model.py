@@ -5,12 +5,13 @@ Every default lives here, with its unit and reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sweeper.spec import space as sp
 from sweeper.spec.objectives import METRICS, Choose, Objective, check_goals, with_primary
+from sweeper.spec.storage import check_storage_url
 
 __all__ = ["METRICS", "Objective"]  # re-exported: the spec's vocabulary
 # Sections the search space may address; the others configure the sweep itself.
@@ -32,18 +33,28 @@ class PluginRef(_Strict):
         return {k: v for k, v in args.items() if v is not None}
 
 
+# Upper bounds of counts: far above any real sweep, far below what would overflow or stall deep
+# inside a plugin, Optuna or torch (a typo such as epochs: 10**12 is refused by `validate`).
+MAX_EPOCHS = 100_000  # epochs of one trial: at 10 ms per epoch, 17 minutes; at 1 s, 28 hours
+MAX_BATCH = 1 << 24  # samples per batch (16.8 M): a batch also has to fit in the training split
+MAX_TRIALS = 1_000_000  # trials of a sweep: each is a row set in the study and an MLflow run
+MAX_PROCESSES = 1024  # worker processes or torch threads on one machine
+MAX_SECONDS = 366 * 24 * 3600  # a year, in seconds: longer is a unit slip (ms, minutes)
+MAX_FUSED = 10_000  # trials in one fused model: at most a proposed batch (search.batch_size)
+
+
 class TrainSpec(_Strict):
-    epochs: int = Field(default=10, ge=1)
-    batch_size: int = Field(default=128, ge=1, description="samples per optimizer step")
+    epochs: int = Field(default=10, ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(default=128, ge=1, le=MAX_BATCH, description="samples per optimizer step")
     accumulate: int = Field(default=1, ge=1, description="micro-batches per optimizer step (saves memory)")
-    eval_batch_size: int = Field(default=1024, ge=1)  # evaluation holds no activations for backward
+    eval_batch_size: int = Field(default=1024, ge=1, le=MAX_BATCH)  # evaluation holds no activations for backward
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 (or fp16) on CUDA, fp32 on CPU
     grad_clip: float | None = Field(default=None, gt=0, description="max global L2 norm of the gradients")
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when available
     # torch threads per CPU trial; default: cores / search.batch_size (reproducible) or / parallel.
     # The count changes float rounding, so it is fixed independently of `parallel`.
-    cpu_threads: int | None = Field(default=None, ge=1)
+    cpu_threads: int | None = Field(default=None, ge=1, le=MAX_PROCESSES)
     # Deterministic kernels on GPU (slower): deterministic algorithms, no cuDNN benchmark, no TF32.
     deterministic: bool = False
     # torch.compile the model's forward: compiled once per architecture, batch size and mode in each
@@ -64,11 +75,15 @@ class PrunerSpec(_Strict):
     hyperparameters mutated (resampled from the search range, or scaled by 0.8/1.2)."""
 
     type: Literal["none", "median", "asha", "hyperband", "pbt"] = "none"
-    min_epochs: int = Field(default=1, ge=1, description="no trial is stopped before this epoch")
-    reduction_factor: int = Field(default=3, ge=2)  # asha/hyperband: keep 1/reduction_factor per rung
-    startup_trials: int = Field(default=5, ge=0)  # median: trials completed before it prunes
+    min_epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS, description="no trial is stopped before this epoch")
+    # asha/hyperband: keep 1/reduction_factor per rung; more than 100 keeps nobody past the first rung
+    reduction_factor: int = Field(default=3, ge=2, le=100)
+    startup_trials: int = Field(default=5, ge=0, le=MAX_TRIALS)  # median: trials completed before it prunes
     perturbation_interval: int = Field(
-        default=2, ge=1, description="pbt: epochs between exploit/explore decisions (and between a trial's checkpoints)"
+        default=2,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="pbt: epochs between exploit/explore decisions (and between a trial's checkpoints)",
     )
     quantile_fraction: float = Field(
         default=0.25,
@@ -89,7 +104,7 @@ class LRFinderSpec(_Strict):
     """LR range test before the search, to warm-start it (see sweeper/search/warm_start.py)."""
 
     enabled: bool = False
-    steps: int = Field(default=100, ge=10, description="optimizer steps of each range test (its cost)")
+    steps: int = Field(default=100, ge=10, le=100_000, description="optimizer steps of each range test (its cost)")
     min_lr: float | None = Field(default=None, gt=0, description="default: min(1e-6, low of the lr range)")
     max_lr: float | None = Field(default=None, gt=0, description="default: max(1.0, high of the lr range)")
     # enqueue: first trial at the suggestion; narrow: LR range [s/factor, s*factor]; both: both
@@ -121,14 +136,16 @@ class RaySpec(_Strict):
     # from). Default: <out>/ray. Multi-node clusters need storage every node reaches (s3://, gs://,
     # or file:// on a shared mount).
     storage_path: str | None = None
-    max_concurrent_trials: int | None = Field(default=None, ge=1, description="default: as many as resources fit")
+    max_concurrent_trials: int | None = Field(
+        default=None, ge=1, le=MAX_TRIALS, description="default: as many as resources fit"
+    )
     # Reusing actors between trials: ~60 ms per trial start instead of ~1.9 s (Ray 2.60).
     reuse_actors: bool = True
-    max_failures: int = Field(default=0, ge=0, description="restarts of a trial whose worker or node died")
+    max_failures: int = Field(default=0, ge=0, le=1000, description="restarts of a trial whose worker or node died")
     # Local Ray only (ignored when joining a cluster): CPU cores it may use (default: all) and
     # its object store in MiB (trials pass little data through it; Ray's default is 30% of RAM).
-    num_cpus: int | None = Field(default=None, ge=1)
-    object_store_mb: int = Field(default=256, ge=80)
+    num_cpus: int | None = Field(default=None, ge=1, le=MAX_PROCESSES)
+    object_store_mb: int = Field(default=256, ge=80, le=1 << 24)  # 16 TiB: beyond any node's memory
 
 
 # Search options that only the Optuna backend has, and what to use with backend ray instead.
@@ -149,20 +166,22 @@ class SearchSpec(_Strict):
     population: int | None = Field(
         default=None,
         ge=2,
+        le=MAX_TRIALS,
         description="nsga2: trials per generation (default: Optuna's 50; the first generation is random)",
     )
     pruner: PrunerSpec = PrunerSpec()
-    n_trials: int | None = Field(default=20, ge=1, description="total, counting trials already done")
+    n_trials: int | None = Field(default=20, ge=1, le=MAX_TRIALS, description="total, counting trials already done")
     timeout: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_SECONDS,
         description="seconds from the start (or resume) of the sweep by `sweeper run`; no trial is claimed after it",
     )
-    parallel: int = Field(default=1, ge=1, description="worker processes on this machine")
+    parallel: int = Field(default=1, ge=1, le=MAX_PROCESSES, description="worker processes on this machine")
     # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
     reproducible: bool = True
-    batch_size: int = Field(default=4, ge=1, description="trials proposed together (reproducible mode)")
+    batch_size: int = Field(default=4, ge=1, le=MAX_FUSED, description="trials proposed together (reproducible mode)")
     # Fused trials (trial/fused.py): the trials of a proposed batch that share an architecture train
     # as one model in one process. N: up to N per fused model; off: never; auto: on CUDA only, the
     # batch split evenly over the workers (on a 2-core CPU the demo as shipped, fused 2 by 2, ran 8%
@@ -177,17 +196,19 @@ class SearchSpec(_Strict):
     )
     # Leases: a process renews the lease of each trial it trains every heartbeat_s; a trial whose
     # lease is older than lease_s (its process or machine stopped) is retried elsewhere.
-    heartbeat_s: int = Field(default=10, ge=1, description="seconds between lease renewals")
-    lease_s: int = Field(default=60, ge=2, description="seconds without renewal after which a trial is retried")
+    heartbeat_s: int = Field(default=10, ge=1, le=3600, description="seconds between lease renewals")
+    lease_s: int = Field(
+        default=60, ge=2, le=7 * 24 * 3600, description="seconds without renewal after which a trial is retried"
+    )
     # Circuit breaker: when the first N trials all fail with the same error (none completed), the
     # sweep stops with it instead of spending the budget on it. 3: one bad draw is no pattern.
     max_failures_in_a_row: int = Field(
-        default=3, ge=0, description="first trials failing alike that stop the sweep (0: never stop)"
+        default=3, ge=0, le=MAX_TRIALS, description="first trials failing alike that stop the sweep (0: never stop)"
     )
     # A trial out of memory, or whose worker process or machine was lost, is run again (out of
     # memory: with train.accumulate doubled) at most this many times; then it stays failed.
     max_retries: int = Field(
-        default=3, ge=0, description="retries of a trial lost to out-of-memory or a dead worker or machine"
+        default=3, ge=0, le=100, description="retries of a trial lost to out-of-memory or a dead worker or machine"
     )
     artifact_root: str | None = Field(
         default=None,
@@ -213,6 +234,8 @@ class SearchSpec(_Strict):
             if root not in SEARCHABLE_ROOTS:
                 raise ValueError(f"'{path}' cannot be searched; paths start with one of {', '.join(SEARCHABLE_ROOTS)}")
         sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+        for path in self.space:
+            sp.enabling(self.space, path)  # raises on a condition no draw satisfies
         lr = self.space.get("optimizer.args.lr")
         if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam):
             raise ValueError("lr_finder needs optimizer.args.lr in search.space as a float parameter")
@@ -220,13 +243,15 @@ class SearchSpec(_Strict):
         if self.pruner.type == "pbt":
             self._check_pbt()
         _no_password(self.storage, "search.storage", "put it in $PGPASSWORD or ~/.pgpass instead (psycopg reads both)")
+        if self.storage is not None:
+            check_storage_url(self.storage)
         if self.lease_s <= self.heartbeat_s:
             raise ValueError(
                 f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
                 f"would run out between two renewals"
             )
-        if isinstance(self.fuse, int) and self.fuse < 1:
-            raise ValueError(f"fuse must be off, auto or a number of trials >= 1 (got {self.fuse})")
+        if isinstance(self.fuse, int) and not 1 <= self.fuse <= MAX_FUSED:
+            raise ValueError(f"fuse must be off, auto or a number of trials from 1 to {MAX_FUSED} (got {self.fuse})")
         if isinstance(self.fuse, int) and self.fuse > 1 and not self.reproducible:
             raise ValueError(
                 "fuse needs proposed batches (search.reproducible: true): it fuses the trials of one batch"
@@ -345,7 +370,7 @@ class TrackingSpec(_Strict):
     experiment: str | None = None  # default: the sweep's name
     # trials ended (in one `sweeper run`) between redraws of report.html and the plots on the
     # sweep's run while it runs (about 4 s of one core each, on a thread); 0: only at its end
-    review_every: int = Field(default=50, ge=0)
+    review_every: int = Field(default=50, ge=0, le=MAX_TRIALS)
 
     @field_validator("mlflow_uri")
     @classmethod
@@ -355,12 +380,13 @@ class TrackingSpec(_Strict):
         )
 
 
-EXPORT_FORMATS = ("torchscript", "pt2", "onnx")
+ExportFormat = Literal["torchscript", "pt2", "onnx"]
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 
 
 class ExportSpec(_Strict):
     # TorchScript (deprecated upstream, still asked for), torch.export (.pt2), ONNX: all by default
-    formats: list[Literal[EXPORT_FORMATS]] = list(EXPORT_FORMATS)
+    formats: list[ExportFormat] = ["torchscript", "pt2", "onnx"]
     # max |eager - exported| over the outputs, at batch sizes 1 and 33 of validation rows; fp32
     atol: float = Field(default=1e-4, gt=0)
     # dynamic int8 quantization of the ONNX file's Linear layers (model.int8.onnx, CPU serving);
@@ -387,7 +413,8 @@ class ExportSpec(_Strict):
 
 class SweepSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    seed: int = Field(default=0, ge=0, description="sweep seed: data split, sampler, trial seeds")
+    # int64: the seed is recorded in Optuna's study and MLflow; NumPy's SeedSequence mixes it
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="sweep seed: data split, sampler, trial seeds")
     # objective: one trainer metric. objectives: two or more (a Pareto front), which may include
     # `params` and `latency_ms`; `objective` is then their first trainer metric (learning curves,
     # the progress table's value)

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 T = TypeVar("T")
 # Metrics the trainer reports each epoch (a trial's value: its last epoch's).
-TRAINER_METRICS = ("val_acc", "val_loss", "train_loss", "train_acc")
+TrainerMetric = Literal["val_acc", "val_loss", "train_loss", "train_acc"]
 # Measured once per trial on its model (trial/footprint.py): `params`, its parameter count;
 # `latency_ms`, the median time in ms of one forward pass over an evaluation batch.
-FOOTPRINT_METRICS = ("params", "latency_ms")
+FootprintMetric = Literal["params", "latency_ms"]
+Metric = Literal[TrainerMetric, FootprintMetric]
+TRAINER_METRICS: tuple[str, ...] = get_args(TrainerMetric)
+FOOTPRINT_METRICS: tuple[str, ...] = get_args(FootprintMetric)
 METRICS = TRAINER_METRICS + FOOTPRINT_METRICS
 PERCENT = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*%\s*$")  # "0.5%": relative to the best value
 
@@ -26,7 +29,7 @@ class _Strict(BaseModel):
 
 
 class Objective(_Strict):
-    metric: Literal[METRICS] = "val_acc"  # a trainer metric: its value at the last epoch
+    metric: Metric = "val_acc"  # a trainer metric: its value at the last epoch
     direction: Literal["maximize", "minimize"] = "maximize"
 
     def better(self, value: float, than: float | None) -> bool:
@@ -80,7 +83,7 @@ class Choose(_Strict):
                 )
 
 
-Values = Callable[[T], "dict[str, float] | None"]
+Values = Callable[[T], "dict[str, float] | None"]  # an item's metric values, or None
 
 
 def dominates(a: dict[str, float], b: dict[str, float], goals: list[Objective]) -> bool:
@@ -89,7 +92,7 @@ def dominates(a: dict[str, float], b: dict[str, float], goals: list[Objective]) 
     return all(x <= y for x, y in keys) and any(x < y for x, y in keys)
 
 
-def pareto_front(goals: list[Objective], items: Iterable[T], values: Values) -> list[T]:
+def pareto_front(goals: list[Objective], items: Iterable[T], values: Values[T]) -> list[T]:
     """The items no other item dominates, in their order; items without every value are skipped."""
     scored = [(item, v) for item in items if (v := values(item)) is not None and all(g.metric in v for g in goals)]
     return [item for item, v in scored if not any(dominates(w, v, goals) for _, w in scored)]
@@ -102,29 +105,23 @@ def _limit(goal: Objective, best: float, tol: float | str) -> float:
     return best - distance if goal.direction == "maximize" else best + distance
 
 
-def choose(goals: list[Objective], rule: Choose | None, items: Iterable[T], values: Values) -> T | None:
+def choose(goals: list[Objective], rule: Choose | None, items: Iterable[T], values: Values[T]) -> T | None:
     """The point ``rule`` picks from the Pareto front of ``items`` (in their order, which breaks
     the last ties); one objective: its best item. None when no item has every value."""
     front = pareto_front(goals, items, values)
     if not front:
         return None
     rule = rule or Choose()
-    by_name = {g.metric: g for g in goals}
-    limits = {
-        metric: _limit(by_name[metric], min((values(p)[metric] for p in front), key=by_name[metric].key), tol)
+    by_name: dict[str, Objective] = {g.metric: g for g in goals}
+    scored = [(p, v) for p in front if (v := values(p)) is not None]  # the front has every value
+    limits = {  # the front's best: the sweep's best
+        metric: _limit(by_name[metric], min((v[metric] for _, v in scored), key=by_name[metric].key), tol)
         for metric, tol in rule.within.items()
-    }  # type: ignore[index]  # the front's best: the sweep's best
-    front = [
-        p
-        for p in front
-        if all(
-            by_name[m].key(values(p)[m]) <= by_name[m].key(limit)  # type: ignore[index]
-            for m, limit in limits.items()
-        )
-    ]
+    }
+    kept = [(p, v) for p, v in scored if all(by_name[m].key(v[m]) <= by_name[m].key(lim) for m, lim in limits.items())]
     prefer = by_name[rule.prefer] if rule.prefer else goals[0]
     order = [prefer, *(g for g in goals if g is not prefer)]
-    return min(front, key=lambda p: tuple(g.key(values(p)[g.metric]) for g in order))  # type: ignore[index]
+    return min(kept, key=lambda pv: tuple(g.key(pv[1][g.metric]) for g in order))[0]
 
 
 def with_primary(data: Any) -> Any:

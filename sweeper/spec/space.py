@@ -95,6 +95,59 @@ def ordered(space: dict[str, Param]) -> list[tuple[str, Param]]:
     return list(done.items())
 
 
+def drawable(p: Param, value: Scalar) -> bool:
+    """Whether sampling ``p`` can give a value equal to ``value`` (what a ``when`` compares)."""
+    if isinstance(p, CategoricalParam):
+        return any(choice == value for choice in p.choices)
+    if isinstance(p, IntParam):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # suggest_int's 3 equals 3.0
+        return isinstance(value, int) and p.low <= value <= p.high and (p.log or (value - p.low) % p.step == 0)
+    return False  # a float is drawn equal to a given number only by chance
+
+
+def _never_drawn(dep: str, p: Param, value: Scalar) -> str:
+    """Why ``dep`` is never drawn equal to ``value``."""
+    if isinstance(p, CategoricalParam):
+        return f"'{dep}' takes one of {p.choices}, never {value!r}"
+    if isinstance(p, IntParam):
+        steps = f" in steps of {p.step}" if p.step != 1 and not p.log else ""
+        return f"'{dep}' takes an int in [{p.low}, {p.high}]{steps}, never {value!r}"
+    return f"'{dep}' is a float parameter, drawn equal to {value!r} only by chance (make it categorical)"
+
+
+def enabling(space: dict[str, Param], path: str) -> dict[str, Scalar]:
+    """The values that ``path``'s ``when`` conditions, and those of the parameters they name,
+    require: the assignment under which ``path`` is sampled. Raises ValueError naming the
+    condition when no draw satisfies them all (a value never drawn, a path that is not a
+    parameter, two conditions wanting one parameter at different values)."""
+    forced: dict[str, tuple[Scalar, str]] = {}  # parameter -> (value, the condition asking it)
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        for dep, value in (space[current].when or {}).items():
+            where = f"search.space.{current}.when: {{{dep}: {value!r}}}"
+            if dep not in space:
+                raise ValueError(
+                    f"{where} refers to '{dep}', which is not a parameter of the space (known: {', '.join(space)}); "
+                    f"the condition would never hold"
+                )
+            if dep in forced:
+                if forced[dep][0] != value:
+                    raise ValueError(
+                        f"{where} never holds together with {forced[dep][1]} (both are needed for "
+                        f"'{path}' to be sampled)"
+                    )
+                continue
+            if not drawable(space[dep], value):
+                raise ValueError(
+                    f"{where} never holds: {_never_drawn(dep, space[dep], value)}; '{current}' would never be sampled"
+                )
+            forced[dep] = (value, where)
+            pending.append(dep)
+    return {dep: value for dep, (value, _) in forced.items()}
+
+
 def active(param: Param, chosen: dict[str, Any]) -> bool:
     return all(dep in chosen and chosen[dep] == value for dep, value in (param.when or {}).items())
 
@@ -121,7 +174,8 @@ def grid_values(path: str, p: Param) -> list[Any]:
         return list(p.choices)
     if isinstance(p, IntParam):
         return list(range(p.low, p.high + 1, p.step))
-    return [round(p.low + i * p.step, 12) for i in range(count)]
+    step = p.step or 0.0  # grid_count refused a float without a step
+    return [round(p.low + i * step, 12) for i in range(count)]
 
 
 def grid_count(path: str, p: Param) -> int:

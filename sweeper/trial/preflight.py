@@ -3,9 +3,11 @@
 ``dry_build(spec)`` prepares each data set the sweep can use, once, in this process (the plugin
 downloads or locates its files here, so trials in worker processes only read them), checks the
 splits' shapes, then builds model, optimizer and schedule on the CPU for the base configuration
-and for each plugin choice of the space (``binding.plugin_points``: one configuration per choice,
-not their product), and takes one training step on a few samples. Any exception becomes a
-``UserError`` naming the spec path and the plugin, instead of every trial failing the same way.
+and for each plugin choice and each choice of a categorical plugin argument of the space
+(``binding.plugin_points``: one configuration per choice, not their product), and takes one
+training step on a few samples. Any exception becomes a ``UserError`` naming the spec path and
+the plugin, instead of every trial failing the same way; when the model, optimizer or schedule
+failed, the argument it refused is found by building again without each argument in turn.
 """
 
 from __future__ import annotations
@@ -37,62 +39,125 @@ class DryBuild:
     """What the dry build did: the configurations built, and where its time went (seconds)."""
 
     configurations: list[str]  # "base" or the plugin choice, e.g. "optimizer.plugin=adamw"
+    choices: list[str]  # the other choices of categorical plugin arguments, e.g. "model.args.arch=wide"
     data_seconds: float  # preparing the data sets (download, unpack, read)
     build_seconds: float  # building the plugins and the training step
     warnings: list[str]  # optimizer settings a plugin overrides (the spec's value has no effect)
 
     def summary(self) -> str:
         return (
-            f"{len(self.configurations)} configuration(s) ({', '.join(self.configurations)}) on cpu: "
+            f"{len(self.configurations)} configuration(s) ({', '.join(self.configurations)}) on cpu"
+            + (
+                f" and {len(self.choices)} choice(s) of plugin arguments ({', '.join(self.choices)})"
+                if self.choices
+                else ""
+            )
+            + ": "
             f"data {self.data_seconds:.2f} s, build and one step {self.build_seconds:.2f} s"
         )
 
 
+class _Failed(Exception):
+    """A plugin failed while ``doing`` something for spec section ``section``."""
+
+    def __init__(self, section: str, doing: str, error: Exception) -> None:
+        super().__init__(section, doing, error)
+        self.section, self.doing, self.error = section, doing, error
+
+
 def dry_build(spec: SweepSpec) -> DryBuild:
     """Prepare the data and dry-build every plugin choice of ``spec``; raises UserError."""
-    labels: list[str] = []
+    labels: list[str] = []  # of the plugin configurations, then of the argument choices
     warnings: list[str] = []
     data_seconds = build_seconds = 0.0
     prepared: dict[str, DataSplits] = {}  # by dataset plugin and args: each prepared once
     with _dry_building():
-        for values in plugin_points(spec):
+        for label, values in plugin_points(spec):
             config = spec.with_values(values)
-            labels.append(_label(spec, values))
+            labels.append(label)
             started = time.perf_counter()
             key = repr((config.dataset.plugin, sorted(config.dataset.args.items())))
             if key not in prepared:
-                with _blame(config, "dataset", "preparing the data set", values):
-                    prepared[key] = make_data(config)
-                    _check_splits(prepared[key])
+                try:
+                    with _blame("dataset", "preparing the data set"):
+                        prepared[key] = make_data(config)
+                        _check_splits(prepared[key])
+                except _Failed as failed:
+                    raise _refusal(config, failed, values, None) from failed.error
             data = prepared[key]
             _check_batch_sizes(spec, config, data)
             data_seconds += time.perf_counter() - started
             started = time.perf_counter()
-            warnings += [w for w in _build_and_step(config, data, values) if w not in warnings]
+            try:
+                found = _build_and_step(config, data)
+            except _Failed as failed:
+                raise _refusal(config, failed, values, _refused_arg(config, data, failed)) from failed.error
+            warnings += [w for w in found if w not in warnings]
             build_seconds += time.perf_counter() - started
-    return DryBuild(labels, data_seconds, build_seconds, warnings)
+    plugins = [label for label in labels if label == "base" or label.split("=")[0].endswith(".plugin")]
+    choices = [label for label in labels if label not in plugins]
+    return DryBuild(plugins, choices, data_seconds, build_seconds, warnings)
 
 
-def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any]) -> list[str]:
+def _refused_arg(config: SweepSpec, data: DataSplits, failed: _Failed) -> str | None:
+    """The argument of the failed section whose removal (the plugin's default instead) lets the
+    whole build and step pass: the one the plugin refused. None when no single one does, or for
+    the data set (preparing it again could download or read files)."""
+    if failed.section == "dataset":
+        return None
+    tree = config.model_dump()
+    for arg in getattr(config, failed.section).args:
+        without = {**tree, failed.section: {**tree[failed.section], "args": dict(tree[failed.section]["args"])}}
+        del without[failed.section]["args"][arg]
+        try:
+            _build_and_step(SweepSpec.model_validate(without), data)
+        except Exception:  # _Failed, or a required argument missing: not this one alone
+            continue
+        return arg
+    return None
+
+
+def _refusal(config: SweepSpec, failed: _Failed, values: dict[str, Any], arg: str | None) -> UserError:
+    """The UserError of a failed dry build: the argument refused (when known), the spec path,
+    the plugin and its distribution, and the searched values of that section."""
+    section, exc = failed.section, failed.error
+    kind = SECTIONS[section]
+    name = getattr(config, section).plugin
+    own = [f"{k}={v!r}" for k, v in values.items() if k.startswith(f"{section}.")]
+    searched = f" (with {', '.join(own)})" if own else ""
+    who = f"{registry.singular(kind)} plugin '{name}' ({registry.info(kind, name).where})"
+    refused = ""
+    if arg is not None:
+        path = f"{section}.args.{arg}"
+        origin = f"from search.space.{path}" if path in values else "fixed in the spec"
+        value = getattr(config, section).args[arg]
+        refused = f"{path}: {value!r} ({origin}) is refused (without it, the build passes) by "
+    return UserError(
+        f"{refused}{section}.args / {who}: {failed.doing} failed{searched}: {type(exc).__name__}: "
+        f"{str(exc).rstrip('.')}. Found in a dry build on the CPU, before any trial started."
+    )
+
+
+def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
     """Build the plugins (the schedule sized for the full data set) and take one training step,
-    one scheduler step and one evaluation on a few samples. Returns warnings: the optimizer
-    settings of the spec that the optimizer or the schedule plugin overrides."""
+    one scheduler step and one evaluation on a few samples; raises _Failed. Returns warnings:
+    the optimizer settings of the spec that the optimizer or the schedule plugin overrides."""
     n = min(DRY_SAMPLES, len(data.train_y))
     x, y = data.train_x[:n], data.train_y[:n]
-    with _blame(config, "model", "building it", values):
+    with _blame("model", "building it"):
         model = build_model(config, data)
-    with _blame(config, "optimizer", "building it", values):
+    with _blame("optimizer", "building it"):
         optimizer = build_optimizer(config, model)
     warnings = _overridden(config, "optimizer", optimizer, dict(config.optimizer.args))
     given = _settings(optimizer)
-    with _blame(config, "schedule", "building it", values):
+    with _blame("schedule", "building it"):
         scheduler = build_schedule(config, optimizer, data)
     if data.train_transform is not None:
-        with _blame(config, "dataset", "its train_transform on a batch", values):
+        with _blame("dataset", "its train_transform on a batch"):
             x = data.train_transform(x, torch.Generator().manual_seed(0))
-    with _blame(config, "dataset", "its input_transform on a batch", values):
+    with _blame("dataset", "its input_transform on a batch"):
         x = data.inputs(x)
-    with _blame(config, "model", f"a forward and backward pass on {n} training samples", values):
+    with _blame("model", f"a forward and backward pass on {n} training samples"):
         model.train()
         out = model(x)
         if tuple(out.shape) != (n, data.num_classes):
@@ -101,18 +166,26 @@ def _build_and_step(config: SweepSpec, data: DataSplits, values: dict[str, Any])
                 f"expected ({n}, num_classes={data.num_classes})"
             )
         loss = F.cross_entropy(out, y, label_smoothing=config.train.label_smoothing)
+        if not torch.isfinite(loss):
+            raise ValueError(f"the loss of its outputs is {loss.item()}, not a finite number")
         loss.backward()
-    with _blame(config, "optimizer", "an optimizer step", values):
+    with _blame("optimizer", "an optimizer step"):
         optimizer.step()
-    with _blame(config, "schedule", "a scheduler step", values):
+    with _blame("schedule", "a scheduler step"):
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             scheduler.step(loss.item())  # stepped once per epoch with the validation loss
         elif scheduler is not None:
             scheduler.step()
-    with _blame(config, "model", f"evaluating {n} validation samples", values):
+    with _blame("model", f"evaluating {n} validation samples"):
         model.eval()
         with torch.inference_mode():
-            model(data.inputs(data.val_x[:n]))
+            out = model(data.inputs(data.val_x[:n]))
+    with _blame("optimizer", "an optimizer step"):
+        if not bool(torch.isfinite(out).all()):
+            raise ValueError(
+                "after one step the model's outputs are not finite (inf or NaN): the step is too large "
+                "(a learning rate or another setting far beyond a sensible range)"
+            )
     return warnings + _overridden(config, "schedule", optimizer, given)
 
 
@@ -187,15 +260,6 @@ def _check_batch_sizes(spec: SweepSpec, config: SweepSpec, data: DataSplits) -> 
             )
 
 
-def _label(spec: SweepSpec, values: dict[str, Any]) -> str:
-    chosen = [
-        f"{s}.plugin={values[f'{s}.plugin']}"
-        for s in SECTIONS
-        if f"{s}.plugin" in values and values[f"{s}.plugin"] != getattr(spec, s).plugin
-    ]
-    return ", ".join(chosen) or "base"
-
-
 @contextlib.contextmanager
 def _dry_building() -> Iterator[None]:
     """``sweeper.plugin.in_dry_build()`` is True inside; this process's RNG is left as it was."""
@@ -208,20 +272,11 @@ def _dry_building() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _blame(config: SweepSpec, section: str, doing: str, values: dict[str, Any]) -> Iterator[None]:
-    """Turn an exception into a UserError naming the spec path, the plugin and its distribution,
-    and the searched values of that section in the configuration that was being built."""
+def _blame(section: str, doing: str) -> Iterator[None]:
+    """Turn an exception of a plugin into _Failed: which section, doing what."""
     try:
         yield
     except UserError:
         raise
     except Exception as exc:
-        kind = SECTIONS[section]
-        name = getattr(config, section).plugin
-        own = [f"{k}={v!r}" for k, v in values.items() if k.startswith(f"{section}.")]
-        searched = f" (with {', '.join(own)})" if own else ""
-        who = f"{registry.singular(kind)} plugin '{name}' ({registry.info(kind, name).where})"
-        raise UserError(
-            f"{section}.args / {who}: {doing} failed{searched}: {type(exc).__name__}: "
-            f"{str(exc).rstrip('.')}. Found in a dry build on the CPU, before any trial started."
-        ) from exc
+        raise _Failed(section, doing, exc) from exc
