@@ -105,11 +105,7 @@ def _fresh_process() -> Iterator[None]:
     warnings and log records printed on stderr."""
     from sweeper.pluginhost import registry
 
-    for module, name in FRESH:
-        cache = getattr(importlib.import_module(module), name, None)
-        if cache is None:
-            raise AssertionError(f"tests/inprocess.py: {module}.{name} is gone; update FRESH to what replaced it")
-        cache.clear()
+    _empty_caches()
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None) or ""
         if any(Path(file).is_relative_to(folder) for folder in test_folders):
@@ -122,7 +118,18 @@ def _fresh_process() -> Iterator[None]:
             warnings.simplefilter(action, category)
         warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
         warnings.showwarning = _show_on_stderr
-        yield
+        try:
+            yield
+        finally:
+            _empty_caches()  # nor does a test after it find them (a data set, compiled models)
+
+
+def _empty_caches() -> None:
+    for module, name in FRESH:
+        cache = getattr(importlib.import_module(module), name, None)
+        if cache is None:
+            raise AssertionError(f"tests/inprocess.py: {module}.{name} is gone; update FRESH to what replaced it")
+        cache.clear()
 
 
 def _show_on_stderr(message, category, filename, lineno, file=None, line=None) -> None:
