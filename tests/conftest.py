@@ -62,9 +62,9 @@ def sweeper(
     traceback.
 
     In this process by default (tests/inprocess.py: a new process costs ~5 s of imports).
-    ``process=True``: ``python -m sweeper`` in a new process (``timeout`` in seconds), for what
-    needs one: a Ray sweep (Ray never starts in the test process), a process that is killed, or
-    one whose environment is not this process's."""
+    ``process=True``: ``python -m sweeper`` in a new process, for what needs one: a Ray sweep
+    (Ray never starts in the test process), a process that is killed, or one whose environment is
+    not this process's. ``timeout``: seconds, a bound for a hung test."""
     if process:
         proc = subprocess.run(
             [sys.executable, "-m", "sweeper", *args],
@@ -76,7 +76,7 @@ def sweeper(
     else:
         import inprocess
 
-        proc = inprocess.invoke(list(args), {"COLUMNS": "200"})
+        proc = inprocess.invoke(list(args), {"COLUMNS": "200"}, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     assert "Traceback" not in proc.stdout + proc.stderr, f"sweeper {' '.join(args)}:\n{proc.stderr}"

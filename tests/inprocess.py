@@ -51,15 +51,29 @@ DEFAULT_FILTERS = (
 test_folders: list[Path] = []
 
 
-def invoke(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``sweeper ARGS`` in this process with ``env`` added to os.environ for the call."""
+class CommandTimeout(BaseException):
+    """A command ran past its time limit (a BaseException: sweeper's own handlers let it through)."""
+
+
+def invoke(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """``sweeper ARGS`` in this process with ``env`` added to os.environ for the call; a
+    command still running after ``timeout`` seconds (a hung test) raises CommandTimeout."""
     from typer.testing import CliRunner
 
     from sweeper.cli import app
 
+    def expired(signum: int, frame: object) -> None:
+        raise CommandTimeout(f"sweeper {' '.join(args)} did not finish within {timeout:.0f} s")
+
     ray_before = "ray" in sys.modules
     with _restored(), _descriptors() as (out_fd, err_fd), _fresh_process():
-        result = CliRunner().invoke(app, args, prog_name="sweeper", env=env, catch_exceptions=True)
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            result = CliRunner().invoke(app, args, prog_name="sweeper", env=env, catch_exceptions=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     stdout = result.stdout + out_fd.read()
     stderr = result.stderr + err_fd.read()
     if result.exception is not None and not isinstance(result.exception, SystemExit):
