@@ -9,8 +9,8 @@ folder, the root logger's handlers (none: a new process prints warnings on stder
 filters (Python's defaults, printed on stderr), SIGINT/SIGTERM handlers, the plugin registry's
 caches, the test plugins' modules (a test may edit one between two runs) and sweeper's
 per-process caches (FRESH). Loggers keep the levels set when their modules were imported, as in
-a process that imported them. Output that bypasses sys.stdout/sys.stderr (a pool
-worker process, C code) is caught at the file descriptors and added to the streams.
+a process that imported them. Output that bypasses sys.stdout/sys.stderr (a pool worker
+process, C code) is caught at the file descriptors and added to the streams.
 
 Ray must never start in the test process (tests/test_ray.py sets Ray's auth token before Ray
 reads it, once per process): a command that imports Ray fails here, naming process=True."""
@@ -38,7 +38,7 @@ FRESH = (
     ("sweeper.search.trial_runs", "_datasets_logged"),  # (run, data set) pairs logged by this process
 )
 
-# Python's warnings filters in a new process started without -W (most recent first)
+# Python's warnings filters in a new process started without -W, but __main__'s (each one set goes first)
 DEFAULT_FILTERS = (
     ("ignore", ResourceWarning),
     ("ignore", ImportWarning),
@@ -74,8 +74,9 @@ def invoke(args: list[str], env: dict[str, str], timeout: float = 600) -> subpro
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-    stdout = result.stdout + out_fd.read()
-    stderr = result.stderr + err_fd.read()
+    with out_fd, err_fd:
+        stdout = result.stdout + out_fd.read()
+        stderr = result.stderr + err_fd.read()
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         # what the real CLI prints for an uncaught exception (typer's pretty exceptions are off)
         stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(result.exception))
