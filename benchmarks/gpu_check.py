@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO / "search_spaces" / "cifar.yaml"
 # --cpu: every check runs, at sizes that only prove the code works (tests/test_gpu_check.py runs it)
-CPU_IMAGES = 500  # CIFAR-format training images written (the airbench-sized check reads 400)
+CPU_IMAGES = 1000  # CIFAR-format training images: 900 after the validation split, >= sync_audit's batch of 512
 CPU_FUSED = (4, 8)  # the digits sweeps' trials, solo and fused (fixed cost and cost per trial from two sizes)
 
 
