@@ -44,6 +44,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CIFAR = REPO / "search_spaces" / "cifar.yaml"
+# --cpu: every check runs, at sizes that only prove the code works (tests/test_gpu_check.py runs it)
+CPU_IMAGES = 1000  # CIFAR-format training images: 900 after the validation split, >= sync_audit's batch of 512
+CPU_FUSED = (4, 8)  # the digits sweeps' trials, solo and fused (fixed cost and cost per trial from two sizes)
 
 
 def cli(folder: Path, *args: str, env: dict[str, str] | None = None, spec: Path = CIFAR) -> dict[str, Any]:
@@ -106,7 +109,7 @@ def timing(summary: dict[str, Any]) -> dict[str, Any]:
 def sweep_args(root: Path, small: bool) -> list[str]:
     size = (
         [
-            "dataset.args.limit=2000",
+            f"dataset.args.limit={CPU_IMAGES}",
             "model.args.width=8",
             "search.space.train.batch_size={type: categorical, choices: [64, 128]}",
         ]
@@ -413,7 +416,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     walls = {}
     # solo at two sizes: its fixed cost and the cost of one more trial, for the same N as fused
     # (on the GPU, 1024 solo trials would take most of an hour)
-    for solo_n in (8, 16) if small else (8, 32):
+    for solo_n in CPU_FUSED if small else (8, 32):
         with tempfile.TemporaryDirectory() as tmp:
             walls[solo_n] = cli(
                 Path(tmp),
@@ -431,7 +434,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
         "fixed_s": round(fixed, 1),
         "per_trial_s": round(per_trial, 3),
     }
-    for n in (8, 16) if small else (256, 1024):
+    for n in CPU_FUSED if small else (256, 1024):
         with tempfile.TemporaryDirectory() as tmp:
             fused = cli(
                 Path(tmp), *common, f"search.n_trials={n}", f"search.batch_size={n}", f"search.fuse={n}", spec=digits
@@ -515,7 +518,7 @@ def main() -> None:
     saved = Path(os.environ.get("GPU_CHECK_OUT", "gpu_check.json"))
     with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
-        write_random(data, per_batch=400 if small else 10_000)  # full size: 50,000 training images
+        write_random(data, per_batch=CPU_IMAGES // 5 if small else 10_000)  # 5 batches; full size: 50,000 images
         report["data_seconds"] = round(time.perf_counter() - started, 1)
         checks = {
             "sweep": lambda: check_sweep(Path(data), Path(work), small),

@@ -54,20 +54,41 @@ def write_spec(path: Path, base: str = "smoke", **changes: object) -> Path:
     return path
 
 
-def sweeper(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would. Whatever the outcome (a result, a user
-    error with exit 2, a sweep without a completed trial), the CLI never shows a traceback."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweeper", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+def sweeper(
+    *args: str, check: bool = False, timeout: float = 600, process: bool = False
+) -> subprocess.CompletedProcess:
+    """Run the real CLI, as a user would: its exit code, stdout and stderr. Whatever the outcome (a
+    result, a user error with exit 2, a sweep without a completed trial), the CLI never shows a
+    traceback.
+
+    In this process by default (tests/inprocess.py: a new process costs ~5 s of imports).
+    ``process=True``: ``python -m sweeper`` in a new process, for what needs one: a Ray sweep
+    (Ray never starts in the test process), a process that is killed, or one whose environment is
+    not this process's. ``timeout``: seconds, a bound for a hung test."""
+    if process:
+        proc = subprocess.run(
+            [sys.executable, "-m", "sweeper", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+    else:
+        import inprocess
+
+        proc = inprocess.invoke(list(args), {"COLUMNS": "200"}, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     assert "Traceback" not in proc.stdout + proc.stderr, f"sweeper {' '.join(args)}:\n{proc.stderr}"
     return proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_plugins_are_forgotten(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An in-process CLI call imports the test plugins (made under pytest's temporary folder) anew."""
+    import inprocess
+
+    inprocess.test_folders.append(tmp_path_factory.getbasetemp())
 
 
 def make_dist(

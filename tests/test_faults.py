@@ -179,7 +179,7 @@ def test_the_breaker_stops_a_ray_sweep_too(workdir: Path, faulty: None, mlflow_u
             "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1}},
         },
     )
-    stopped = sweeper("run", str(spec), "--out", "out", "-q")
+    stopped = sweeper("run", str(spec), "--out", "out", "-q", process=True)
     assert stopped.returncode == 1, stopped.stderr
     message = " ".join(stopped.stderr.split())
     assert "all failed with the same error" in message and "the fused kernel failed on a batch of 32" in message

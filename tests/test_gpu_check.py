@@ -10,6 +10,8 @@ import sys
 
 from conftest import REPO
 
+CPU_FUSED = (4, 8)  # benchmarks/gpu_check.py's CPU_FUSED: the digits sweeps' sizes with --cpu
+
 
 def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
     proc = subprocess.run(
@@ -53,7 +55,8 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(workdir):
     fused = report[
         "fused"
     ]  # digits through the CLI: every trial of each fused sweep trained, one model per architecture
-    for n in (8, 16):
+    assert sorted(k for k in fused if k.startswith("digits_fused_")) == [f"digits_fused_{n}" for n in CPU_FUSED]
+    for n in CPU_FUSED:
         assert (
             fused[f"digits_fused_{n}"]["counts"] == {"complete": n} and fused[f"digits_fused_{n}"]["fused_models"] >= 1
         )

@@ -247,7 +247,7 @@ def test_a_ray_sweep_optimises_several_objectives(workdir: Path):
         "pareto-ray",
         {"backend": "ray", "sampler": "tpe", "n_trials": 4, "resources": {"cpu": 1}, "ray": {"num_cpus": 2}},
     )
-    sweeper("run", str(spec), "--out", "out", "-q", check=True)
+    sweeper("run", str(spec), "--out", "out", "-q", check=True, process=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     complete = [t for t in summary["trials"] if t["state"] == "complete"]
     assert len(complete) == 4

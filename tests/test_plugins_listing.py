@@ -4,12 +4,11 @@ one-character-wide lines)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import inprocess
 from conftest import make_dist
 
 from sweeper.pluginhost import registry
@@ -29,14 +28,8 @@ def {name}(*, input_shape, num_classes, {args}):
 
 
 def listing(*args: str) -> subprocess.CompletedProcess:
-    """The real CLI, piped (as any subprocess), at 80 columns."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "sweeper", "plugins", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "80"},
-        timeout=600,
-    )
+    """The real CLI, piped (its output is not a terminal), at 80 columns."""
+    proc = inprocess.invoke(["plugins", *args], {"COLUMNS": "80"})
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import learned, sweeper, write_spec
+from conftest import children, learned, sweeper, write_spec
 from mlflow.tracking import MlflowClient
 
 # 10 trials in batches of 4, median pruning from the second batch on
@@ -41,6 +41,18 @@ def test_rerun_gives_an_identical_trial_table(runs):
 
 def test_parallel_workers_give_the_same_table_as_one(runs):
     assert table(runs["parallel"]) == table(runs["first"])
+
+
+def test_parallel_workers_share_one_study(runs, mlflow_uri: str):
+    """Two worker processes serve one study: every trial once, each its MLflow run, and only the
+    best trial's checkpoint kept (the parallel run of the fixture)."""
+    summary = json.loads((runs["parallel"] / "summary.json").read_text())
+    assert [t["number"] for t in summary["trials"]] == list(range(10))
+    assert all(t["state"] in ("complete", "pruned") for t in summary["trials"])
+    assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 10
+    assert [p.name for p in (runs["parallel"] / "checkpoints").iterdir()] == [
+        f"trial-{summary['best']['number']:05d}.pt"
+    ]
 
 
 def test_replay_reproduces_complete_and_pruned_trials(runs, mlflow_uri: str):

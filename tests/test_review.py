@@ -10,15 +10,25 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import children, sweeper, wait_for, write_spec
 from mlflow.tracking import MlflowClient
 from mlflow_server import free_port
 
 
-def test_the_mlflow_ui_reads_a_sweep_as_model_training(workdir: Path, mlflow_uri: str):
-    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "review-ui"})
-    sweeper("run", str(spec), "search.n_trials=3", "train.epochs=2", "--out", "out", "-q", check=True)
-    summary = json.loads((workdir / "out" / "summary.json").read_text())
+@pytest.fixture(scope="module")
+def reviewed(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Path:
+    """The output folder of one tracked sweep of 3 trials, which the MLflow UI and optuna-dashboard read."""
+    root = tmp_path_factory.mktemp("reviewed")
+    spec = write_spec(root / "s.yaml", tracking={"experiment": "review-ui"})
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+        sweeper("run", str(spec), "search.n_trials=3", "train.epochs=2", "--out", str(root / "out"), "-q", check=True)
+    return root / "out"
+
+
+def test_the_mlflow_ui_reads_a_sweep_as_model_training(reviewed: Path, mlflow_uri: str):
+    summary = json.loads((reviewed / "summary.json").read_text())
     client = MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("review-ui")
     # MLflow 3's UI opens it on its training runs, not on the GenAI traces overview
@@ -45,12 +55,10 @@ def test_the_mlflow_ui_reads_a_sweep_as_model_training(workdir: Path, mlflow_uri
     assert digests == {dataset.digest}  # the input is the data the trials trained on
 
 
-def test_dashboard_serves_the_sweeps_study_with_its_objective_named(workdir: Path):
-    spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
-    sweeper("run", str(spec), "search.n_trials=2", "train.epochs=2", "--out", "out", "-q", check=True)
+def test_dashboard_serves_the_sweeps_study_with_its_objective_named(reviewed: Path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper", "dashboard", "out", "--port", str(port)],
+        [sys.executable, "-m", "sweeper", "dashboard", str(reviewed), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -72,7 +80,7 @@ def test_dashboard_serves_the_sweeps_study_with_its_objective_named(workdir: Pat
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0").read()
         )
         assert detail["objective_names"] == ["val_acc"]  # not "Objective 0"
-        assert len(detail["trials"]) == 2
+        assert len(detail["trials"]) == 3
         attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
         assert "optimizer.args.lr" in json.loads(attrs["search_space"])
     finally:

@@ -148,19 +148,6 @@ def test_trial_of_a_killed_process_is_retried_with_its_params_and_seed(workdir: 
     assert not [t for t in study.trials if t.state.name in ("RUNNING", "WAITING")]
 
 
-def test_parallel_workers_share_one_study(workdir: Path, mlflow_uri: str):
-    spec = write_spec(workdir / "s.yaml", tracking={"experiment": "e2e-parallel"})
-    sweeper("run", str(spec), "search.parallel=2", "search.n_trials=4", "--out", "out", "-q", check=True)
-    summary = json.loads((workdir / "out" / "summary.json").read_text())
-    assert [t["number"] for t in summary["trials"]] == [0, 1, 2, 3]
-    assert all(t["state"] in ("complete", "pruned") for t in summary["trials"])
-    assert len(children(MlflowClient(mlflow_uri), summary["mlflow"]["parent_run_id"])) == 4
-    # only the best trial's checkpoint is kept
-    assert [p.name for p in (workdir / "out" / "checkpoints").iterdir()] == [
-        f"trial-{summary['best']['number']:05d}.pt"
-    ]
-
-
 def test_live_display_shows_the_trials_table(workdir: Path):
     proc = sweeper(
         "run", str(SPACES / "smoke.yaml"), "search.n_trials=2", "tracking.enabled=false", "--out", "out", check=True
