@@ -8,7 +8,6 @@ trial_run.py exports a finished trial later from its MLflow run, predict.py runs
 
 from __future__ import annotations
 
-import functools
 import json
 import tempfile
 import time

@@ -75,6 +75,7 @@ def use_auth_token() -> None:
 
 
 def connect(spec: SweepSpec, addr: str | None) -> None:
+    import ray
 
     # Tune passes this to the trial actors: keep relative paths (data roots) as in the spec. Not a
     # runtime_env: in a Ray job, a driver's own runtime_env replaces the job's working_dir.
@@ -88,13 +89,14 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
         # worker_niceness 0: trials are this Ray's work. Ray's default (15) has them yield to anything
         # else on the machine: under a 2-process load (../shared/tools/busy 2) a trial actor took
         # 3 minutes to start and the 3-trial breaker test over 600 s, against 56 s on a quiet machine.
-        init(
+        ray.init(
             address="local",
             num_cpus=spec.search.ray.num_cpus or cpu_cores(),
             include_dashboard=False,
             object_store_memory=spec.search.ray.object_store_mb * 2**20,
             _system_config={"worker_niceness": 0},
+            **quiet,
         )
         return
     use_auth_token()
-    init(address=addr)
+    ray.init(address=addr, **quiet)
