@@ -19,7 +19,7 @@ TIMING = ("epoch_seconds", "samples_per_s", "gpu_mem_peak_mb")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one (README lists these tests)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one (docs/gpu.md lists these tests)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,5 +1,5 @@
 """GPU-only: the CUDA paths of a trial, on a real GPU. Marked ``gpu`` and skipped where CUDA is
-absent (conftest.py); README lists them. benchmarks/gpu_check.py measures what these check."""
+absent (conftest.py); docs/gpu.md lists them. benchmarks/gpu_check.py measures what these check."""
 
 from __future__ import annotations
 

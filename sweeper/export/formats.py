@@ -30,7 +30,7 @@ MAX_BATCH = 1 << 16  # upper bound of the dynamic batch dimension (torch.export 
 @contextlib.contextmanager
 def quiet_jit() -> Iterator[None]:
     # torch.jit is deprecated upstream and warns on every call; the user asked for TorchScript,
-    # so keep the warning out of their output (README records the deprecation).
+    # so keep the warning out of their output (docs/export.md records the deprecation).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)

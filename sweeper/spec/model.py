@@ -58,7 +58,7 @@ class TrainSpec(_Strict):
     # Deterministic kernels on GPU (slower): deterministic algorithms, no cuDNN benchmark, no TF32.
     deterministic: bool = False
     # torch.compile the model's forward: compiled once per architecture, batch size and mode in each
-    # process and reused by its later trials. Pays off for long trials (see README, "On a GPU").
+    # process and reused by its later trials. Pays off for long trials (see docs/gpu.md).
     compile: bool = False
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ synchronous NORMAL a commit syncs nothing (the log is synced at checkpoints): 0.
 commits about ten times a trial. A process that crashes loses nothing; a power cut may lose the
 last commits, never the database's consistency (https://sqlite.org/wal.html). WAL mode is kept
 in the database file; its readers and writers must be on one machine (shared memory), as they
-had to be already: many machines share a study through PostgreSQL (README "Many machines").
+had to be already: many machines share a study through PostgreSQL (docs/many-machines.md).
 
 A database copied with its files (``*-wal``) or by sqlite's backup API is whole; a copy of the
 main file alone, while a process has it open, may miss the last commits.

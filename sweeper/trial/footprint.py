@@ -8,7 +8,7 @@
   as the trainer evaluates: eval mode, inference mode, the trial's autocast and memory layout,
   on its device with its CPU threads; 3 untimed passes, then the median of 10 (CUDA synchronised
   around each). A measured time: other work on the machine changes it, so a sweep optimising it
-  is not reproducible bit for bit (README, "Multi-objective sweeps").
+  is not reproducible bit for bit (docs/multi-objective.md).
 """
 
 from __future__ import annotations

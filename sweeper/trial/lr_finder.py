@@ -2,7 +2,7 @@
 steps, smooth the loss, stop when it diverges, suggest the LR of steepest descent, capped at a
 tenth of the LR where the loss was lowest.
 
-Why the cap (measured on digits, AdamW + one-cycle, 3 seeds x 3 widths; see README): the test
+Why the cap (measured on digits, AdamW + one-cycle, 3 seeds x 3 widths; see docs/lr-finder.md): the test
 also trains, so the loss keeps falling until just before divergence and the steepest point often
 sits next to the minimum (0.05-0.25), at the edge of what trains; good LRs there span
 0.004-0.13, and "minimum / 10" landed inside that span every time (0.005-0.05).

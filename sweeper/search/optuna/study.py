@@ -197,7 +197,7 @@ def record(t: FrozenTrial) -> TrialRecord:
     value = t.values[0] if t.values and len(t.values) == 1 else info.get("value")
     return TrialRecord(
         number=t.number,
-        state=state(t),  # type: ignore[arg-type]  # a Literal of its values until TrialRecord.state is a TrialState
+        state=state(t),
         params=t.params,
         value=value,
         values=values,

@@ -128,11 +128,8 @@ def make_searcher(spec: SweepSpec) -> tuple[Any, dict[str, Any]]:
         from sweeper.search.optuna.study import make_sampler
 
         goals = spec.goals  # several: Optuna's multi-objective study, told every value at the trial's end
-        metric, mode = (
-            ([g.metric for g in goals], [_mode(g) for g in goals])
-            if len(goals) > 1
-            else (spec.objective.metric, _mode(spec.objective))
-        )
+        metric: str | list[str] = [str(g.metric) for g in goals] if len(goals) > 1 else str(spec.objective.metric)
+        mode = [_mode(g) for g in goals] if len(goals) > 1 else _mode(spec.objective)
         return OptunaSearch(
             DefineByRun(search.space), metric=metric, mode=mode, sampler=make_sampler(spec, sampler_seed(spec.seed, 0))
         ), {}
