@@ -8,20 +8,24 @@ transaction, as Optuna's ``set_trial_state_values`` does): a trial is claimed an
 whatever the number of processes. Each of Optuna's calls took 1-6 ms on this project's 2-core
 machine (sqlite), and a trial made about twelve of them, one more per epoch.
 
-What it relies on (tests/test_optuna_adapter.py exercises every function against a real sqlite
-and PostgreSQL storage, on the lowest and newest Optuna of pyproject.toml's range:
-constraints/optuna-lowest.txt and -newest.txt):
+What it relies on, each present in Optuna 4.6.0 and 5.1.0, the ends of pyproject.toml's range
+(tests/test_optuna_adapter.py exercises every function against a real sqlite and PostgreSQL
+storage, and runs again on each end: constraints/optuna-lowest.txt and -newest.txt):
 
-- ``Study._storage`` and ``Study._study_id`` (Optuna 1.x on); ``FrozenTrial._trial_id`` and
-  ``Trial._trial_id`` (2.x on): the handles of a study and a trial in their storage;
-- ``Study._thread_local.cached_all_trials`` (3.x on): the study's cache of its trials, cleared as
+- ``Study._storage`` and ``Study._study_id``; ``FrozenTrial._trial_id`` and ``Trial._trial_id``:
+  the handles of a study and a trial in their storage;
+- ``Study._thread_local.cached_all_trials``: the study's cache of its trials, cleared as
   ``study.tell`` clears it;
 - the ``_CachedStorage`` wrapper's ``_backend`` (the RDBStorage behind a study's storage);
 - ``optuna.storages._rdb.models`` (StudyModel, TrialModel, its attribute, value, intermediate
   value and heartbeat models) and ``_rdb.storage._create_scoped_session``;
 - RDBStorage's ``_get_prepared_new_trial``, ``_set_trial_attr_without_commit``,
-  ``_set_trial_value_without_commit`` (its signature takes the TrialModel since Optuna 4.6: the
-  floor of pyproject.toml's range) and ``_get_stale_trial_ids``.
+  ``_set_trial_value_without_commit`` (it takes the TrialModel since Optuna 4.6, the trial's id
+  before: hence the range's floor) and ``_get_stale_trial_ids``;
+- public storage methods reached through ``_storage`` (get_trial, get_trial_system_attrs,
+  set_trial_system_attr, set_trial_user_attr, set_trial_state_values, record_heartbeat): Optuna 5
+  removed ``Trial.system_attrs`` and ``Trial.set_system_attr``, and a lost trial of another
+  process has no ``optuna.Trial`` here.
 """
 
 from __future__ import annotations
