@@ -32,11 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # sweeper's per-process caches, emptied before each command: a new process starts without them
-FRESH = (
-    ("sweeper.trial.build", "_data_cache"),  # the data set of the last sweep, on its device
-    ("sweeper.trial.speed", "_compiled"),  # compiled forwards, by architecture
-    ("sweeper.search.trial_runs", "_datasets_logged"),  # (run, data set) pairs logged by this process
-)
+# (the data set and compiled forwards live in a trial.build.ProcessCache each command makes anew)
+FRESH = (("sweeper.search.trial_runs", "_datasets_logged"),)  # (run, data set) pairs logged by this process
 
 # Python's warnings filters in a new process started without -W, but __main__'s (each one set goes first)
 DEFAULT_FILTERS = (

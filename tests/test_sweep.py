@@ -12,6 +12,7 @@ import optuna
 import pytest
 from conftest import SPACES, children, kill_at_gate, learned, sweeper, write_spec
 from mlflow.tracking import MlflowClient
+from test_faults import faulty  # noqa: F401 (a fixture: the faulty model plugins)
 
 
 def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
@@ -80,16 +81,20 @@ def test_digits_sweep_end_to_end(workdir: Path, mlflow_uri: str):
     assert abs(float(out.stdout) - best["value"]) < 1e-6
 
 
-def test_failing_trials_never_kill_the_sweep(workdir: Path, mlflow_uri: str):
+def test_failing_trials_never_kill_the_sweep(workdir: Path, mlflow_uri: str, faulty: None):
+    # the `broken` model raises on every training batch over `above` samples: above=16 fails every
+    # batch of 32 (an exception of the model plugin itself; the dry build's 4 samples pass), and
+    # lr=3e38 makes the loss non-finite (a searched value may diverge: the trial's own failure)
     spec = write_spec(
         workdir / "s.yaml",
+        model={"plugin": "broken", "args": {"above": 1000}},
         optimizer={"plugin": "sgd", "args": {"lr": 0.1}},
         search={
             "sampler": "grid",
             "n_trials": 4,
             "space": {
-                "model.args.dropout": {"type": "categorical", "choices": [0.0, 1.5]},
-                "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 1.0e12]},
+                "model.args.above": {"type": "categorical", "choices": [1000, 16]},
+                "optimizer.args.lr": {"type": "categorical", "choices": [0.05, 3.0e38]},
             },
         },
         schedule={"plugin": "none"},
@@ -97,15 +102,15 @@ def test_failing_trials_never_kill_the_sweep(workdir: Path, mlflow_uri: str):
     )
     sweeper("run", str(spec), "--out", "out", "-q", check=True)
     trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
-    by_params = {(t["params"]["model.args.dropout"], t["params"]["optimizer.args.lr"]): t for t in trials}
-    assert by_params[(0.0, 0.05)]["state"] == "complete"
-    assert by_params[(0.0, 1.0e12)]["state"] == "failed"
-    assert by_params[(0.0, 1.0e12)]["reason"].startswith("non-finite loss")
-    for lr in (0.05, 1.0e12):  # an exception raised by the model plugin itself
-        assert by_params[(1.5, lr)]["state"] == "failed"
-        assert "dropout probability has to be between 0 and 1" in by_params[(1.5, lr)]["reason"]
+    by_params = {(t["params"]["model.args.above"], t["params"]["optimizer.args.lr"]): t for t in trials}
+    assert by_params[(1000, 0.05)]["state"] == "complete"
+    assert by_params[(1000, 3.0e38)]["state"] == "failed"
+    assert by_params[(1000, 3.0e38)]["reason"].startswith("non-finite loss")
+    for lr in (0.05, 3.0e38):  # an exception raised by the model plugin itself
+        assert by_params[(16, lr)]["state"] == "failed"
+        assert "the fused kernel failed on a batch of 32 samples" in by_params[(16, lr)]["reason"]
     client = MlflowClient(mlflow_uri)
-    failed = client.get_run(by_params[(0.0, 1.0e12)]["mlflow_run_id"])
+    failed = client.get_run(by_params[(1000, 3.0e38)]["mlflow_run_id"])
     assert failed.info.status == "FAILED" and failed.data.tags["sweeper.reason"].startswith("non-finite loss")
     assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
 
