@@ -76,8 +76,10 @@ def study_of(spec: SweepSpec, records: list[TrialRecord]) -> optuna.Study:
 
 
 def _within(space: BaseDistribution, value: Any) -> bool:
-    """A value the distribution holds (a spec edited since the trial ran may not)."""
+    """A value the distribution holds (a spec edited since the trial ran may not), asked through
+    Optuna's public API: a trial made with it is validated against its distribution."""
     try:
-        return space._contains(space.to_internal_repr(value))
+        optuna.trial.create_trial(state=OptunaState.WAITING, params={"p": value}, distributions={"p": space})
     except (ValueError, TypeError):
         return False
+    return True
