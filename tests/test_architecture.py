@@ -78,3 +78,30 @@ def test_a_deliberate_violation_fails_the_contracts(tmp_path: Path, module: str,
     target.write_text(f"{line}  # a deliberate violation\n" + target.read_text())
     proc = lint(tmp_path)
     assert proc.returncode == 1 and "BROKEN" in proc.stdout and broken in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_optunas_private_api_is_used_in_the_adapter_only():
+    """Outside sweeper/search/optuna/rdb.py, a module that imports optuna reaches no private name
+    (``x._name`` on anything but its own ``self``/``cls``, or an import from a private module):
+    the adapter is the one place tested at both ends of the declared Optuna range."""
+    import ast
+
+    found = []
+    for path in (REPO / "sweeper").rglob("*.py"):
+        if path.name == "rdb.py" and path.parent.name == "optuna":
+            continue
+        tree = ast.parse(path.read_text())
+        nodes = list(ast.walk(tree))
+        modules = [n.module or "" for n in nodes if isinstance(n, ast.ImportFrom)]
+        modules += [a.name for n in nodes if isinstance(n, ast.Import) for a in n.names]
+        if not any(m.split(".")[0] == "optuna" for m in modules):
+            continue
+        where = path.relative_to(REPO)
+        for node in nodes:
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("optuna"):
+                if "._" in (node.module or "") or any(a.name.startswith("_") for a in node.names):
+                    found.append(f"{where}:{node.lineno}: from {node.module} import ...")
+    assert not found, found
