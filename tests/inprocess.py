@@ -95,9 +95,15 @@ def _restored() -> Iterator[None]:
     root_handlers = list(logging.root.handlers)
     flags = _torch_flags()
     rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    # MLflow's process-wide tracking URI: export/publish.py sets it around log_model and puts back
+    # the URI it resolved (the environment's then), which a new process would not carry over
+    from mlflow.tracking._tracking_service import utils as mlflow_tracking
+
+    tracking_uri = mlflow_tracking._tracking_uri
     try:
         yield
     finally:
+        mlflow_tracking._tracking_uri = tracking_uri
         os.environ.clear()
         os.environ.update(environ)
         sys.path[:] = path

@@ -17,8 +17,9 @@ def test_in_process_answers_as_a_new_process_does(workdir: Path):
 
 
 def test_a_run_in_process_leaves_the_test_process_as_it_was(workdir: Path):
-    from sweeper.trial import build
+    from mlflow.tracking._tracking_service import utils as mlflow_tracking
 
+    tracking_uri = mlflow_tracking._tracking_uri  # a sweep registering its model sets it for log_model
     threads, deterministic, environ = (
         torch.get_num_threads(),
         torch.are_deterministic_algorithms_enabled(),
@@ -32,7 +33,6 @@ def test_a_run_in_process_leaves_the_test_process_as_it_was(workdir: Path):
         "train.epochs=1",
         "train.cpu_threads=1",
         f"train.deterministic={str(not deterministic).lower()}",
-        "tracking.enabled=false",
         "--out",
         "out",
         "-q",
@@ -41,4 +41,4 @@ def test_a_run_in_process_leaves_the_test_process_as_it_was(workdir: Path):
     assert (workdir / "out" / "summary.json").is_file()
     assert torch.get_num_threads() == threads and torch.are_deterministic_algorithms_enabled() == deterministic
     assert dict(os.environ) == environ and torch.equal(torch.get_rng_state(), state)
-    assert not build._data_cache  # a new process would not have it either
+    assert mlflow_tracking._tracking_uri == tracking_uri  # MLflow's process-wide URI as it was
