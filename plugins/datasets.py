@@ -1,4 +1,5 @@
-"""Built-in small data sets, returned whole as tensors: digits (real, offline) and synthetic."""
+"""Built-in small data sets, returned whole as tensors: digits (real, offline) and synthetic for
+classification, diabetes (real, offline) for regression, synthetic_multilabel for multilabel."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor,
     return order[n_val:], order[:n_val]
 
 
+def cut(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, val: torch.Tensor, **fields: Any) -> DataSplits:
+    """The splits of samples ``x`` and targets ``y`` at index tensors ``train`` and ``val``."""
+    return DataSplits(train_x=x[train], train_y=y[train], val_x=x[val], val_y=y[val], **fields)
+
+
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]  # of the samples held out for validation
 Samples = Annotated[int, Field(ge=1, le=10_000_000)]  # synthetic samples, held in memory
 
@@ -35,11 +41,11 @@ def digits(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
     train, val = split_indices(len(y), val_fraction, seed)
     mean, std = x[train].mean().item(), x[train].std().item()
     x = (x - mean) / std
-    return DataSplits(
-        train_x=x[train],
-        train_y=y[train],
-        val_x=x[val],
-        val_y=y[val],
+    return cut(
+        x,
+        y,
+        train,
+        val,
         num_classes=10,
         class_names=tuple(str(d) for d in range(10)),
         normalization={"scale": 1 / 16.0, "mean": [mean], "std": [std]},
@@ -81,3 +87,42 @@ def synthetic(
     return DataSplits(
         train_x=x[:num_train], train_y=y[:num_train], val_x=x[num_train:], val_y=y[num_train:], num_classes=num_classes
     )
+
+
+def diabetes(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
+    """scikit-learn's bundled diabetes data (442 patients, 10 features; the target: disease
+    progression a year later, 25..346): real regression data that needs no download (task
+    regression). Features standardised with the training split's mean and std; targets as given."""
+    from sklearn.datasets import load_diabetes
+
+    features, target = load_diabetes(return_X_y=True, scaled=False)
+    x = torch.tensor(features, dtype=torch.float32)
+    y = torch.tensor(target, dtype=torch.float32)
+    train, val = split_indices(len(y), val_fraction, seed)
+    mean, std = x[train].mean(0), x[train].std(0)
+    return cut(
+        (x - mean) / std, y, train, val, normalization={"scale": 1.0, "mean": mean.tolist(), "std": std.tolist()}
+    )
+
+
+def synthetic_multilabel(
+    *,
+    num_samples: Annotated[int, Field(ge=10, le=1_000_000)] = 600,
+    num_features: Annotated[int, Field(ge=1, le=10_000)] = 20,
+    num_labels: Annotated[int, Field(ge=1, le=1_000)] = 5,
+    val_fraction: Fraction = 0.2,
+    seed: int = 0,
+) -> DataSplits:
+    """scikit-learn's ``make_multilabel_classification`` (word counts drawn per sample from its
+    labels' distributions): 0/1 targets (N, num_labels) for task multilabel, generated offline.
+    Features standardised with the training split's mean and std."""
+    from sklearn.datasets import make_multilabel_classification
+
+    features, labels = make_multilabel_classification(
+        n_samples=num_samples, n_features=num_features, n_classes=num_labels, random_state=seed % 2**32
+    )
+    x = torch.tensor(features, dtype=torch.float32)
+    y = torch.tensor(labels, dtype=torch.float32)
+    train, val = split_indices(len(y), val_fraction, seed)
+    mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
+    return cut((x - mean) / std, y, train, val, class_names=tuple(f"label{i}" for i in range(num_labels)))

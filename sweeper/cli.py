@@ -207,10 +207,11 @@ def validate(
     import yaml
 
     from sweeper.pluginhost.binding import check_plugins, provenance
+    from sweeper.pluginhost.tasks import resolve
     from sweeper.spec import load
     from sweeper.trial.preflight import dry_build
 
-    sweep = load(spec, overrides or [])
+    sweep = resolve(load(spec, overrides or []))
     check_plugins(sweep)
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
@@ -234,12 +235,13 @@ def lr_find(
 ) -> None:
     """Run the LR range test alone on the spec's base config; print the suggestion and the plot."""
     from sweeper.pluginhost.binding import check_plugins
+    from sweeper.pluginhost.tasks import resolve
     from sweeper.search import runner, warm_start
     from sweeper.spec import load
     from sweeper.trial.lr_finder import plot
     from sweeper.trial.preflight import dry_build
 
-    sweep = load(spec, overrides or [])
+    sweep = resolve(load(spec, overrides or []))
     check_plugins(sweep)
     dry_build(sweep)  # a missing data set or a broken plugin: exit 2, as for `sweeper run`
     result = warm_start.find_alone(sweep)

@@ -4,14 +4,19 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
 
 - ``sweeper.datasets``: ``factory(*, seed=..., **args) -> DataSplits``. ``seed`` (the sweep
   seed's "data" stream, so every trial sees the same split) is passed only when the factory accepts it.
-- ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``.
+- ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``;
+  ``num_classes`` is the model's output width, which the task sets (classes, labels or
+  regression targets).
 - ``sweeper.optimizers``: ``factory(params, **args) -> torch.optim.Optimizer``
   (``torch.optim.SGD`` itself qualifies).
 - ``sweeper.schedules``: ``factory(optimizer, *, epochs, steps_per_epoch, **args)`` returning an
   LR scheduler stepped once per optimizer step, a ``ReduceLROnPlateau`` stepped once per epoch
   with the validation loss, or ``None`` for a constant LR.
+- ``sweeper.tasks``: ``factory(**args) -> Task``: what is learned (the loss, the metrics reported
+  each epoch and their directions, the default objective, what the exported output means);
+  ``Task.fit(data)`` learns what it needs from the training split (class weights, target scale).
 
-``ModelFactory``, ``DatasetFactory``, ``OptimizerFactory`` and ``ScheduleFactory`` type these
+``ModelFactory``, ``DatasetFactory``, ``OptimizerFactory``, ``ScheduleFactory`` and ``TaskFactory`` type these
 calls for a type checker: each protocol lists only what sweeper passes, so a factory satisfies it
 when every argument a spec may set has a default.
 
@@ -48,17 +53,21 @@ __all__ = [
     "FUSABLE_ATTR",
     "DataSplits",
     "DatasetFactory",
+    "FittedTask",
+    "Meter",
     "ModelFactory",
     "Normalize",
     "OptimizerFactory",
     "ScheduleFactory",
     "SeededDatasetFactory",
+    "Task",
+    "TaskFactory",
     "UnseededDatasetFactory",
     "in_dry_build",
 ]
 
-KINDS = ("datasets", "models", "optimizers", "schedules")
-# Groups `sweeper plugins` lists: the four factory kinds plus search-space templates (templates.py).
+KINDS = ("datasets", "models", "optimizers", "schedules", "tasks")
+# Groups `sweeper plugins` lists: the five factory kinds plus search-space templates (templates.py).
 LISTED = (*KINDS, "search_spaces")
 
 # The attributes a plugin may set for sweeper to read (docs/plugins.md, "Attributes a plugin may set").
@@ -76,6 +85,7 @@ INJECTED = {
     "models": ("input_shape", "num_classes"),
     "optimizers": ("params",),
     "schedules": ("optimizer", "epochs", "steps_per_epoch"),
+    "tasks": (),
 }
 
 
@@ -87,10 +97,12 @@ class DataSplits:
     makes a batch of them model inputs."""
 
     train_x: torch.Tensor  # shape (N, *input_shape); float32, or any dtype input_transform reads
-    train_y: torch.Tensor  # int64 class indices, shape (N,)
+    # The targets, as the task reads them (its fit checks them): classification, int64 class
+    # indices (N,); multilabel, 0/1 (N, labels); regression, float (N,) or (N, targets).
+    train_y: torch.Tensor
     val_x: torch.Tensor
     val_y: torch.Tensor
-    num_classes: int
+    num_classes: int = 0  # classification: the number of classes; 0 for other targets
     class_names: tuple[str, ...] | None = None
     # Batch augmentation, applied on the training device to each training batch:
     # (batch, generator) -> batch. The generator lives on the batch's device.
@@ -196,6 +208,60 @@ class ScheduleFactory(Protocol):
     def __call__(
         self, optimizer: torch.optim.Optimizer, /, *, epochs: int, steps_per_epoch: int
     ) -> LRScheduler | None: ...
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+
+class Meter(Protocol):
+    """One epoch's metrics of one split, accumulated batch by batch on the training device."""
+
+    def update(self, out: torch.Tensor, y: torch.Tensor) -> None:
+        """Add a batch: the model's outputs (detached) and the batch's targets."""
+
+    def compute(self) -> dict[str, float]:
+        """The split's metrics, named with its prefix (``val_rmse``); the validation meter also
+        gives ``val_loss``, the training meter never ``train_loss`` (the trainer measures it)."""
+
+
+class FittedTask(Protocol):
+    """A task fitted to a data set's training split (``Task.fit``): ready to train and evaluate."""
+
+    outputs: int  # the model's output width: the model factory's num_classes
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch: its mean over the batch (scalar, differentiable)."""
+
+    def meter(self, split: str) -> Meter:
+        """A fresh meter for ``split`` ("train" or "val")."""
+
+    def head(self) -> torch.nn.Module | None:
+        """A module appended to the exported model (e.g. back to the data's units), or None."""
+
+    def output_info(self) -> dict[str, Any]:
+        """export.json's ``output``: shape, dtype and what the exported model's output means."""
+
+
+class Task(Protocol):
+    """What a ``sweeper.tasks`` factory returns. ``metrics`` names what the task reports each
+    epoch beside ``train_loss`` and ``val_loss`` (which every task reports; minimised), with the
+    direction that is better; ``objective`` is the default objective, one of them. ``fusable``:
+    whether trials of this task may train fused (trial/fused.py computes the classification loss
+    itself)."""
+
+    metrics: dict[str, str]  # metric -> "maximize" | "minimize"
+    objective: str
+    fusable: bool
+
+    def fit(self, data: DataSplits) -> FittedTask:
+        """Check the targets (ValueError naming what is wrong) and learn what the task needs from
+        the training split only; the result lives on the data's device."""
+
+
+class TaskFactory(Protocol):
+    """``sweeper.tasks``: a task from the spec's ``task.args`` alone."""
+
+    def __call__(self) -> Task: ...
 
 
 # True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).

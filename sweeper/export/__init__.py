@@ -20,10 +20,10 @@ from torch import nn
 from sweeper import files
 from sweeper.export import formats, verify
 from sweeper.export.verify import ExportError
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DataSplits, FittedTask
 from sweeper.spec import ExportSpec
 
-__all__ = ["ExportError", "export_model"]
+__all__ = ["ExportError", "exportable", "export_model"]
 
 EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see formats.py)
 
@@ -35,11 +35,14 @@ def export_model(
     spec: ExportSpec,
     names: list[str] | None = None,
     source: dict[str, Any] | None = None,
+    task: FittedTask | None = None,
 ) -> dict[str, Any]:
     """Write, reload and check each format in ``names`` (default ``spec.formats``) into
     ``out_dir``; a format that fails gets an ``error`` entry and the others still run. Writes
-    and returns the report (``out_dir/export.json``)."""
-    model = model.eval().cpu()
+    and returns the report (``out_dir/export.json``). ``task``: the trial's task, whose head
+    ends the exported model and whose ``output_info`` says what its output means (default:
+    classification logits)."""
+    model = exportable(model, task).eval().cpu()
     out_dir.mkdir(parents=True, exist_ok=True)
     val_x = data.inputs(data.val_x).detach().cpu().float()  # model inputs (input_transform applied)
     example = val_x[:EXAMPLE_ROWS]
@@ -54,7 +57,7 @@ def export_model(
         if spec.quantize and onnx_ok:
             src = out_dir / formats.FORMATS["onnx"].file
             entry = _one(formats.QUANTIZED, lambda p: formats.quantize_onnx(src, p), out_dir, ref, None)
-            if "error" not in entry:
+            if "error" not in entry and ref.val_acc is not None:
                 entry["val_acc_change"] = entry["val_acc"] - ref.val_acc
                 side = Path(entry["path"] + ".json")  # the accuracy change, next to the file
                 kept = ("val_acc", "eager_val_acc", "val_acc_change", "max_abs_diff")
@@ -64,11 +67,13 @@ def export_model(
     report: dict[str, Any] = {
         "source": source or {},
         "input": {"shape": [None, *data.input_shape], "dtype": "float32", "batch_dim": 0},
-        "output": {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
+        "output": task.output_info()
+        if task is not None
+        else {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
         "normalization": data.normalization,  # already applied by the data set: apply it before calling
         "class_names": list(data.class_names) if data.class_names else None,
         "atol": spec.atol,
-        "eager_val_acc": ref.val_acc,
+        **({"eager_val_acc": ref.val_acc} if ref.val_acc is not None else {}),
         "val_size": int(len(val_x)),
         "formats": entries,
     }
@@ -76,6 +81,13 @@ def export_model(
     files.write_atomic(path, json.dumps(report, indent=2))
     report["json"] = str(path)
     return report
+
+
+def exportable(model: nn.Module, task: FittedTask | None) -> nn.Module:
+    """``model`` as exported: followed by its task's head when it has one (a regression's
+    standardised outputs back to the data's units)."""
+    head = task.head() if task is not None else None
+    return model if head is None else nn.Sequential(model, head)
 
 
 def _writer(fmt: str, model: Any, example: Any) -> Callable[[Path], dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""``sweeper predict MODEL_FILE INPUT.npy``: classify with an exported file, as a consumer would
-(the model is loaded and run by consumer.py, which needs no sweeper)."""
+"""``sweeper predict MODEL_FILE INPUT.npy``: predict with an exported file, as a consumer would
+(the model is loaded and run by consumer.py, which needs no sweeper): a class, the labels present,
+or values in the data's units, as export.json's ``output`` says the model's output means."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ SUFFIXES = (".pt", ".pt2", ".onnx")
 
 
 def predict_file(model_file: Path, inputs: Path, out: Path | None) -> list[str]:
-    """One line per input row: row, predicted class index, class name (from export.json)."""
+    """One line per input row: row, then the predicted class index and name (classification),
+    the labels present (multilabel: export.json's ``output.threshold``) or the predicted values
+    (regression, in the data's units)."""
     from sweeper.export import consumer
 
     if model_file.suffix not in SUFFIXES or not model_file.is_file():
@@ -41,6 +44,13 @@ def predict_file(model_file: Path, inputs: Path, out: Path | None) -> list[str]:
         ) from None
     if out is not None:
         np.save(out, logits)
+    output = info.get("output") or {}
+    if "threshold" in output:  # multilabel: the labels whose probability reaches the threshold
+        labels = output.get("labels") or [str(j) for j in range(logits.shape[1])]
+        present = 1 / (1 + np.exp(-logits)) >= output["threshold"]
+        return [f"{i}\t" + ",".join(labels[j] for j in np.flatnonzero(row)) for i, row in enumerate(present)]
+    if "argmax" not in output.get("meaning", "argmax"):  # values, e.g. a regression's
+        return [f"{i}\t" + "\t".join(f"{v:.6g}" for v in row) for i, row in enumerate(logits.reshape(len(logits), -1))]
     names = info.get("class_names") or []
     return [f"{i}\t{c}" + (f"\t{names[c]}" if c < len(names) else "") for i, c in enumerate(logits.argmax(1))]
 

@@ -24,9 +24,16 @@ EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dyna
 
 
 def register(
-    model: nn.Module, data: DataSplits, spec: SweepSpec, tracking_uri: str, run_id: str, values: dict[str, float]
+    model: nn.Module,
+    data: DataSplits,
+    spec: SweepSpec,
+    tracking_uri: str,
+    run_id: str,
+    values: dict[str, float],
+    outputs: int | None = None,
 ) -> dict[str, Any]:
-    """Log ``model`` (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
+    """Log ``model`` (as exported: with its task's head; ``outputs`` wide, default num_classes)
+    (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
     move the alias when ``values`` (its objectives' values, by metric) beat the champion's."""
     import mlflow
@@ -41,7 +48,7 @@ def register(
     example = data.inputs(data.val_x[:EXAMPLE_ROWS]).detach().cpu().float().numpy()
     signature = ModelSignature(  # -1: any batch size
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
-        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, data.num_classes))]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, outputs or data.num_classes))]),
     )
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below

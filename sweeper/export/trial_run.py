@@ -107,10 +107,10 @@ def export_trial(
             f"keeps only the best trial's checkpoint unless its spec sets export.keep_checkpoints: all"
         )
     try:
-        model, data = rebuild(record.spec, checkpoint)
+        model, data, task = rebuild(record.spec, checkpoint)
     except CorruptCheckpoint as exc:
         raise UserError(f"{exc}; expected the checkpoint of trial {number} (run {run_id})") from None
     source = {"trial": number, "mlflow_run_id": run_id, "checkpoint": str(checkpoint)}
-    report = export.export_model(model, data, out, record.spec.export, names=formats, source=source)
+    report = export.export_model(model, data, out, record.spec.export, names=formats, source=source, task=task)
     tracker.log_files(run_id, export.artifacts(report), "export")
     return report

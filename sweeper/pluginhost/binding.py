@@ -16,7 +16,13 @@ from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 
 # spec section -> plugin kind
-SECTIONS = {"dataset": "datasets", "model": "models", "optimizer": "optimizers", "schedule": "schedules"}
+SECTIONS = {
+    "task": "tasks",
+    "dataset": "datasets",
+    "model": "models",
+    "optimizer": "optimizers",
+    "schedule": "schedules",
+}
 
 
 def plugin_choices(spec: SweepSpec, section: str) -> list[str]:

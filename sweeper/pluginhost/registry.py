@@ -17,7 +17,16 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal, overload
 
 from sweeper.errors import UserError
-from sweeper.plugin import API_ATTR, KINDS, LISTED, DatasetFactory, ModelFactory, OptimizerFactory, ScheduleFactory
+from sweeper.plugin import (
+    API_ATTR,
+    KINDS,
+    LISTED,
+    DatasetFactory,
+    ModelFactory,
+    OptimizerFactory,
+    ScheduleFactory,
+    TaskFactory,
+)
 
 GROUP_PREFIX = "sweeper."
 
@@ -204,6 +213,8 @@ def get(kind: Literal["datasets"], name: str) -> DatasetFactory: ...
 def get(kind: Literal["optimizers"], name: str) -> OptimizerFactory: ...
 @overload
 def get(kind: Literal["schedules"], name: str) -> ScheduleFactory: ...
+@overload
+def get(kind: Literal["tasks"], name: str) -> TaskFactory: ...
 @overload
 def get(kind: str, name: str) -> Callable[..., Any]: ...
 def get(kind: str, name: str) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ import yaml
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost.binding import check_plugins
+from sweeper.pluginhost.tasks import resolve
 from sweeper.search import backend, checkpoints, pool
 from sweeper.search.backend import Observer, SearchContext, SearchResult
 from sweeper.search.interim import InterimReview
@@ -95,6 +96,7 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
     trial is left to claim; returns a small report of what it trained)."""
     import torch
 
+    spec = resolve(spec)  # the objective as the task reports it; what the task cannot train refused
     check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
@@ -303,7 +305,7 @@ def handoff(
     try:
         top = next(r for r in records if r.number == best["number"])
         best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
-        model, data = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache)
+        model, data, task = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache)
     except Exception as exc:
         return {
             "export": {
@@ -317,10 +319,14 @@ def handoff(
         "checkpoint": best["checkpoint"],
         "objective": best["values"],
     }
-    handed: dict[str, Any] = {"export": export.export_model(model, data, out_dir, spec.export, source=source)}
+    handed: dict[str, Any] = {
+        "export": export.export_model(model, data, out_dir, spec.export, source=source, task=task)
+    }
     if parent is not None:
         try:
-            handed["registry"] = publish.register(model, data, spec, str(tracker.uri), parent, best["values"])
+            handed["registry"] = publish.register(
+                export.exportable(model, task), data, spec, str(tracker.uri), parent, best["values"], task.outputs
+            )
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

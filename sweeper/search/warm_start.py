@@ -102,6 +102,7 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any, cache: ProcessCac
         max_lr=high,
         steps=settings.steps,
         seed=seed,
+        task=parts.task,
     )
 
 

@@ -15,7 +15,7 @@ from sweeper.spec.storage import check_storage_url
 
 __all__ = ["METRICS", "Objective"]  # re-exported: the spec's vocabulary
 # Sections the search space may address; the others configure the sweep itself.
-SEARCHABLE_ROOTS = ("dataset", "model", "optimizer", "schedule", "train")
+SEARCHABLE_ROOTS = ("task", "dataset", "model", "optimizer", "schedule", "train")
 
 
 class _Strict(BaseModel):
@@ -233,6 +233,11 @@ class SearchSpec(_Strict):
             root = path.split(".")[0]
             if root not in SEARCHABLE_ROOTS:
                 raise ValueError(f"'{path}' cannot be searched; paths start with one of {', '.join(SEARCHABLE_ROOTS)}")
+        if "task.plugin" in self.space:
+            raise ValueError(
+                "'task.plugin' cannot be searched: the task fixes the metrics the objective compares; "
+                "search its arguments (task.args.*) or run one sweep per task"
+            )
         sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
         for path in self.space:
             sp.enabling(self.space, path)  # raises on a condition no draw satisfies
@@ -420,6 +425,8 @@ class SweepSpec(_Strict):
     # the progress table's value)
     objective: Objective = Objective()
     objectives: list[Objective] | None = None
+    # what is learned: the loss, the metrics and the default objective (a sweeper.tasks plugin)
+    task: PluginRef = PluginRef(plugin="classification")
     dataset: PluginRef
     model: PluginRef
     optimizer: PluginRef

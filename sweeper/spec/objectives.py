@@ -12,15 +12,15 @@ from typing import Any, Literal, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 T = TypeVar("T")
-# Metrics the trainer reports each epoch (a trial's value: its last epoch's).
-TrainerMetric = Literal["val_acc", "val_loss", "train_loss", "train_acc"]
+# Metrics every task's trainer reports each epoch; a task adds its own (val_acc, val_rmse, ...: its
+# `metrics`, checked against the objectives once the task is known: pluginhost/tasks.py).
+LOSSES: tuple[str, ...] = ("train_loss", "val_loss")
 # Measured once per trial on its model (trial/footprint.py): `params`, its parameter count;
 # `latency_ms`, the median time in ms of one forward pass over an evaluation batch.
 FootprintMetric = Literal["params", "latency_ms"]
-Metric = Literal[TrainerMetric, FootprintMetric]
-TRAINER_METRICS: tuple[str, ...] = get_args(TrainerMetric)
 FOOTPRINT_METRICS: tuple[str, ...] = get_args(FootprintMetric)
-METRICS = TRAINER_METRICS + FOOTPRINT_METRICS
+# A trainer metric (the task's or a loss) or a footprint metric; the classification task's as examples
+METRICS = ("val_acc", "val_loss", "train_loss", "train_acc", *FOOTPRINT_METRICS)
 PERCENT = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*%\s*$")  # "0.5%": relative to the best value
 
 
@@ -28,8 +28,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def trained(metric: str) -> bool:
+    """Whether ``metric`` comes from training (the task's metrics and the losses), not the footprint."""
+    return metric not in FOOTPRINT_METRICS
+
+
 class Objective(_Strict):
-    metric: Metric = "val_acc"  # a trainer metric: its value at the last epoch
+    # a metric the task reports (its value at the last epoch), or a footprint metric
+    metric: str = Field(default="val_acc", pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$", max_length=200)
+    # unset: the task's direction for its metric (pluginhost/tasks.py), else maximize
     direction: Literal["maximize", "minimize"] = "maximize"
 
     def better(self, value: float, than: float | None) -> bool:
@@ -130,7 +137,7 @@ def with_primary(data: Any) -> Any:
     if not isinstance(data, dict) or not isinstance(data.get("objectives"), list):
         return data
     goals = [g if isinstance(g, Objective) else Objective.model_validate(g) for g in data["objectives"]]
-    primary = next((g for g in goals if g.metric in TRAINER_METRICS), None)
+    primary = next((g for g in goals if trained(g.metric)), None)
     given = data.get("objective")
     if (
         given is not None
@@ -146,10 +153,10 @@ def check_goals(goals: list[Objective], several: bool, pruner: str, sampler: str
     metrics = [g.metric for g in goals]
     if several and (len(metrics) < 2 or len(set(metrics)) < len(metrics)):
         raise ValueError(f"objectives lists {metrics}: two or more different metrics (one: use objective)")
-    if not any(m in TRAINER_METRICS for m in metrics):
+    if not any(trained(m) for m in metrics):
         raise ValueError(
             f"{'objectives' if several else 'objective'}: {', '.join(metrics)} needs no training; "
-            f"optimise at least one of {', '.join(TRAINER_METRICS)} as well (objectives: [...])"
+            f"optimise at least one metric of the task (e.g. val_acc, val_loss) as well (objectives: [...])"
         )
     if len(goals) > 1 and pruner != "none":
         raise ValueError(

@@ -178,10 +178,10 @@ def print_export(console: Console, report: dict[str, Any]) -> None:
             console.print(f"[red]export {e['format']} failed[/]: {e['error']}", soft_wrap=True)
             continue
         change = f", change {e['val_acc_change']:+.4f}" if "val_acc_change" in e else ""
+        accuracy = f"; val_acc {e['val_acc']:.4f}{change}" if "val_acc" in e else ""
         console.print(
             f"export {e['format']}: {e['path']} ({e['bytes'] / 1024:.0f} KiB; max |diff| "
-            f"{e['max_abs_diff']:.2g} at batch {'/'.join(e['parity_max_abs_diff'])}; "
-            f"val_acc {e['val_acc']:.4f}{change})"
+            f"{e['max_abs_diff']:.2g} at batch {'/'.join(e['parity_max_abs_diff'])}{accuracy})"
         )
     console.print(f"export report: {report['json']}")
 

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DataSplits, FittedTask
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import accepted_args
+from sweeper.pluginhost.tasks import make_task
 from sweeper.spec import SweepSpec
 from sweeper.trial import speed
 from sweeper.trial.batching import steps_per_epoch
@@ -49,6 +50,7 @@ class TrainedTrial:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     data: DataSplits
+    task: FittedTask
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +62,7 @@ class TrialParts:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
+    task: FittedTask
 
     def data_info(self) -> dict[str, Any]:
         """What a trial's info says of its data: the fingerprint, and the splits' sizes and shape."""
@@ -141,9 +144,17 @@ def make_data(spec: SweepSpec) -> DataSplits:
     return factory(**dataset_args(factory, spec.dataset.args, derive(spec.seed, "data")))
 
 
-def build_model(spec: SweepSpec, data: DataSplits) -> nn.Module:
+def build_task(spec: SweepSpec, data: DataSplits) -> FittedTask:
+    """The spec's task fitted to ``data``'s training split (on the data's device)."""
+    return make_task(spec).fit(data)
+
+
+def build_model(spec: SweepSpec, data: DataSplits, task: FittedTask | None = None) -> nn.Module:
+    """The model plugin's model, with as many outputs as the task needs (``task``: the spec's
+    task fitted to ``data``, fitted here when not given)."""
     factory = registry.get("models", spec.model.plugin)
-    return factory(input_shape=data.input_shape, num_classes=data.num_classes, **spec.model.args)
+    outputs = (task if task is not None else build_task(spec, data)).outputs
+    return factory(input_shape=data.input_shape, num_classes=outputs, **spec.model.args)
 
 
 def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
@@ -169,10 +180,11 @@ def build(config: TrialConfig, device: torch.device, cache: ProcessCache | None 
     spec = config.spec
     seed_everything(config.seed)
     data, data_fingerprint = load_data(spec, device, cache.data if cache is not None else None)
-    model = speed.to_memory_format(build_model(spec, data).to(device), device)
+    task = build_task(spec, data)
+    model = speed.to_memory_format(build_model(spec, data, task).to(device), device)
     optimizer = build_optimizer(spec, model)
     scheduler = build_schedule(spec, optimizer, data)
-    return TrialParts(data, data_fingerprint, model, optimizer, scheduler)
+    return TrialParts(data, data_fingerprint, model, optimizer, scheduler, task)
 
 
 def run_trial(
@@ -205,16 +217,20 @@ def run_trial(
         resume=resume,
         on_epoch_end=on_epoch_end,
         compiled=cache.compiled if cache is not None else None,
+        task=parts.task,
     )
-    return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data)
+    return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data, parts.task)
 
 
-def rebuild(spec: SweepSpec, checkpoint_file: Path, cache: DataCache | None = None) -> tuple[nn.Module, DataSplits]:
-    """A trained model (on the CPU, eval mode) and its data, from the trial's spec and checkpoint
-    (the data from ``cache`` when it holds it)."""
+def rebuild(
+    spec: SweepSpec, checkpoint_file: Path, cache: DataCache | None = None
+) -> tuple[nn.Module, DataSplits, FittedTask]:
+    """A trained model (on the CPU, eval mode), its data and its task, from the trial's spec and
+    checkpoint (the data from ``cache`` when it holds it)."""
     from sweeper.trial import checkpoint
 
     data, _ = load_data(spec, torch.device("cpu"), cache)
-    model = build_model(spec, data)
+    task = build_task(spec, data)
+    model = build_model(spec, data, task)
     model.load_state_dict(checkpoint.load(checkpoint_file)["model"])
-    return model.eval(), data
+    return model.eval(), data, task

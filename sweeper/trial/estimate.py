@@ -17,7 +17,7 @@ import torch
 
 from sweeper.spec import SweepSpec
 from sweeper.trial.batching import train_batches
-from sweeper.trial.build import build_model, build_optimizer, load_data
+from sweeper.trial.build import build_model, build_optimizer, build_task, load_data
 from sweeper.trial.seeding import configure_torch, threads_per_trial
 from sweeper.trial.trainer import Stepper, evaluate, resolve_device
 
@@ -78,9 +78,10 @@ def estimate(spec: SweepSpec) -> Estimate:
         configure_torch(threads=threads, deterministic=spec.train.deterministic)
     data, _ = load_data(spec, device)
     torch.manual_seed(spec.seed)
-    model = build_model(spec, data).to(device)
+    task = build_task(spec, data)
+    model = build_model(spec, data, task).to(device)
     optimizer = build_optimizer(spec, model)
-    stepper = Stepper(model, optimizer, data, spec.train, spec.seed)
+    stepper = Stepper(model, optimizer, data, spec.train, spec.seed, task)
     batches = train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(spec.seed))
     steps_per_epoch = math.ceil(data.train_y.shape[0] / spec.train.batch_size)
     model.train()
@@ -99,7 +100,7 @@ def estimate(spec: SweepSpec) -> Estimate:
     _sync(device)
     step_s = (time.perf_counter() - started) / timed
     started = time.perf_counter()
-    evaluate(model, data, spec.train.eval_batch_size, stepper.dtype)
+    evaluate(model, data, spec.train.eval_batch_size, stepper.dtype, task)
     _sync(device)
     eval_s = time.perf_counter() - started
     search = spec.search

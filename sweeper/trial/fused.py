@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from torch.nn import functional as F
 from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.plugin import FUSABLE_ATTR
 from sweeper.pluginhost import registry
+from sweeper.pluginhost.tasks import SMOOTHING, make_task, task_args
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
@@ -130,6 +132,13 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
             return "the data set differs"
         if spec.model != first.model:
             return "the model differs (plugin or architecture arguments: other shapes)"
+        if _task_key(spec) != _task_key(first):
+            return "the task differs (plugin or arguments other than label smoothing)"
+    if not make_task(first).fusable:
+        return (
+            f"task '{first.task.plugin}' with task.args {first.task.args} trains one trial at a time "
+            f"(a fused model computes the unweighted classification loss)"
+        )
     if any(config.resume is not None for config in configs):
         return "a trial resumes a saved state (fused trials start together at epoch 1)"
     refs = [("models", first.model.plugin)] + sorted({("optimizers", c.spec.optimizer.plugin) for c in configs})
@@ -142,6 +151,16 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
     if amp_dtype(device, first.train.precision) is torch.float16:
         return "fp16 needs a loss scaler per member (not done yet; bf16 and fp32 fuse)"
     return None
+
+
+def _task_key(spec: Any) -> tuple[str, dict[str, Any]]:
+    """What a fused group's members share of their task: all but the label smoothing (each its own)."""
+    return spec.task.plugin, {k: v for k, v in spec.task.args.items() if k != SMOOTHING}
+
+
+def label_smoothing(member: Member) -> float:
+    """The member's label smoothing (its task's, or train.label_smoothing)."""
+    return float(task_args(member.config.spec).get(SMOOTHING, 0.0))
 
 
 class FusedGroup:
@@ -277,7 +296,7 @@ def fit_fused(
             group.params,
             group.buffers,
             data.inputs(data.val_x[:32]),
-            [m.config.spec.train.label_smoothing for m in members],
+            [label_smoothing(m) for m in members],
             lambda: torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext(),
             layered,
         )
@@ -331,7 +350,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
         if [id(m) for m in members] != running:  # at the start, and after a member left: not every step
             running = [id(m) for m in members]
             rows = torch.tensor([group.members.index(m) for m in members], device=device)
-            eps = torch.tensor([m.config.spec.train.label_smoothing for m in members], device=device)
+            eps = torch.tensor([label_smoothing(m) for m in members], device=device)
         batch = orders[rows, step * train.batch_size : (step + 1) * train.batch_size]
         grads_sum: dict[str, torch.Tensor] | None = None
         for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
@@ -419,10 +438,9 @@ def _evaluate_and_report(
             scheduler.step(val_loss[k])
         metrics = epoch_metrics(
             train_loss=train_loss[row] / seen,
-            train_correct=train_correct[row],
+            train={"train_acc": train_correct[row] / seen},
             seen=seen,
-            val_loss=val_loss[k],
-            val_acc=val_correct[k] / n,
+            val={"val_loss": val_loss[k], "val_acc": val_correct[k] / n},
             lr=member.parts.optimizer.param_groups[0]["lr"],
             grad_norm_sum=norm[row],
             steps=steps,

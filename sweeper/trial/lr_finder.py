@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DataSplits, FittedTask
 from sweeper.spec import TrainSpec
 from sweeper.trial.batching import train_batches
 from sweeper.trial.checkpoint import rng_state, set_rng_state
@@ -65,11 +65,13 @@ def range_test(
     max_lr: float,
     steps: int = 100,
     seed: int = 0,
+    task: FittedTask | None = None,
 ) -> RangeTest:
-    """Run the test with the trial's own loop (accumulation, AMP, clipping), then restore state."""
+    """Run the test with the trial's own loop (accumulation, AMP, clipping) and the task's loss
+    (default: classification), then restore state."""
     saved = _snapshot(model, optimizer)
     start = time.perf_counter()
-    stepper = Stepper(model, optimizer, data, train, seed)
+    stepper = Stepper(model, optimizer, data, train, seed, task)
     order = torch.Generator().manual_seed(seed)
     lrs: list[float] = []
     losses: list[float] = []
@@ -82,7 +84,7 @@ def range_test(
             lr = min_lr * (max_lr / min_lr) ** (i / max(1, steps - 1))
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum, _, _ = stepper.step(next(batches))
+            loss_sum, _ = stepper.step(next(batches))
             loss = loss_sum.item() / train.batch_size
             if not math.isfinite(loss):
                 stopped = "non-finite"

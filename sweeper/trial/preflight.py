@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from sweeper.errors import UserError
 from sweeper.plugin import DRY_BUILD, DataSplits
@@ -27,7 +26,7 @@ from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import SECTIONS, plugin_points
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.trial.build import build_model, build_optimizer, build_schedule, make_data
+from sweeper.trial.build import build_model, build_optimizer, build_schedule, build_task, make_data
 
 # Training samples in the dry step's batch: more than 1 (BatchNorm needs two values per channel
 # in training mode), few enough that a ResNet-18 step costs a fraction of a second on a CPU.
@@ -139,13 +138,16 @@ def _refusal(config: SweepSpec, failed: _Failed, values: dict[str, Any], arg: st
 
 
 def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
-    """Build the plugins (the schedule sized for the full data set) and take one training step,
-    one scheduler step and one evaluation on a few samples; raises _Failed. Returns warnings:
-    the optimizer settings of the spec that the optimizer or the schedule plugin overrides."""
+    """Fit the task to the data (its targets checked), build the plugins (the schedule sized for
+    the full data set) and take one training step, one scheduler step and one evaluation on a
+    few samples; raises _Failed. Returns warnings: the optimizer settings of the spec that the
+    optimizer or the schedule plugin overrides."""
     n = min(DRY_SAMPLES, len(data.train_y))
     x, y = data.train_x[:n], data.train_y[:n]
+    with _blame("task", f"fitting it to dataset plugin '{config.dataset.plugin}' (its targets checked)"):
+        task = build_task(config, data)
     with _blame("model", "building it"):
-        model = build_model(config, data)
+        model = build_model(config, data, task)
     with _blame("optimizer", "building it"):
         optimizer = build_optimizer(config, model)
     warnings = _overridden(config, "optimizer", optimizer, dict(config.optimizer.args))
@@ -160,14 +162,16 @@ def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
     with _blame("model", f"a forward and backward pass on {n} training samples"):
         model.train()
         out = model(x)
-        if tuple(out.shape) != (n, data.num_classes):
+        if tuple(out.shape) != (n, task.outputs):
             raise ValueError(
                 f"it returns shape {tuple(out.shape)} for {n} inputs of shape {data.input_shape}; "
-                f"expected ({n}, num_classes={data.num_classes})"
+                f"expected ({n}, num_classes={task.outputs}) for task '{config.task.plugin}'"
             )
+    with _blame("task", f"its loss on the model's outputs for {n} training samples"):
         # (a loss or outputs that are not finite are the trial's own failure, as in training: a
         # searched learning rate may diverge without the sweep being wrong)
-        loss = F.cross_entropy(out, y, label_smoothing=config.train.label_smoothing)
+        loss = task.loss(out, y)
+    with _blame("model", f"a forward and backward pass on {n} training samples"):
         loss.backward()
     with _blame("optimizer", "an optimizer step"):
         optimizer.step()
@@ -179,7 +183,11 @@ def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
     with _blame("model", f"evaluating {n} validation samples"):
         model.eval()
         with torch.inference_mode():
-            model(data.inputs(data.val_x[:n]))
+            out = model(data.inputs(data.val_x[:n]))
+    with _blame("task", f"its metrics on {n} validation samples"):
+        meter = task.meter("val")
+        meter.update(out.float(), data.val_y[:n])
+        meter.compute()
     return warnings + _overridden(config, "schedule", optimizer, given)
 
 
@@ -215,24 +223,22 @@ def _overridden(
 
 
 def _check_splits(data: Any) -> None:
-    """The DataSplits contract, as far as every trial relies on it (shapes and dtypes)."""
+    """The DataSplits contract, as far as every trial relies on it (shapes and dtypes; the task
+    checks the targets' values)."""
     if not isinstance(data, DataSplits):
         raise TypeError(f"it returned a {type(data).__name__}, not a sweeper.plugin.DataSplits")
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         given = data.inputs(x[:2])
-        if not (given.is_floating_point() and y.dtype == torch.int64):
+        if not given.is_floating_point():
             raise TypeError(
-                f"{split}_x must be floating point (as stored, or after input_transform) and {split}_y "
-                f"int64; got {given.dtype} and {y.dtype}"
+                f"{split}_x must be floating point (as stored, or after input_transform); got {given.dtype}"
             )
-        if not (x.ndim >= 2 and y.ndim == 1 and len(x) == len(y) > 0):
+        if not (x.ndim >= 2 and y.ndim >= 1 and len(x) == len(y) > 0):
             raise ValueError(
-                f"{split}_x must be (N, *input_shape) and {split}_y (N,) with N > 0; got "
+                f"{split}_x must be (N, *input_shape) and {split}_y (N, ...) with N > 0; got "
                 f"{tuple(x.shape)} and {tuple(y.shape)}"
             )
-        if not bool(((y >= 0) & (y < data.num_classes)).all()):
-            raise ValueError(f"{split}_y must hold class indices in [0, num_classes={data.num_classes})")
     if data.train_x.shape[1:] != data.val_x.shape[1:]:
         raise ValueError(
             f"train and val inputs differ in shape: {tuple(data.train_x.shape[1:])} vs {tuple(data.val_x.shape[1:])}"

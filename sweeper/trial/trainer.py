@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DataSplits, FittedTask, Meter
+from sweeper.pluginhost import registry
 from sweeper.spec import TrainSpec
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
@@ -46,28 +46,41 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return torch.bfloat16
 
 
+def default_task(data: DataSplits, train: TrainSpec) -> FittedTask:
+    """The default task (classification, with ``train.label_smoothing``) fitted to ``data``: for
+    a caller that names no task."""
+    smoothing = {"label_smoothing": train.label_smoothing} if train.label_smoothing else {}
+    return registry.get("tasks", "classification")(**smoothing).fit(data)
+
+
 class Stepper:
     """One optimizer step over a batch of indices: micro-batches (accumulation), autocast,
-    loss scaling, clipping. Shared by training and the LR range test."""
+    loss scaling, clipping; the loss is the task's. Shared by training and the LR range test."""
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, data: DataSplits, train: TrainSpec, seed: int
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: DataSplits,
+        train: TrainSpec,
+        seed: int,
+        task: FittedTask | None = None,
     ) -> None:
         self.model, self.optimizer, self.data, self.train = model, optimizer, data, train
+        self.task = task if task is not None else default_task(data, train)
         self.device = data.train_x.device
         self.dtype = amp_dtype(self.device, train.precision)
         # fp16 needs loss scaling to keep small gradients; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype is torch.float16)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=train.label_smoothing)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.channels_last = speed.channels_last(model, self.device)  # as build() laid the model out
         self.augment_gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # augmentation draws
 
-    def step(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(summed loss, correct predictions, pre-clipping gradient norm), all on the device."""
+    def step(self, batch: torch.Tensor, meter: Meter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, pre-clipping gradient norm), both on the device; ``meter`` gets each
+        micro-batch's outputs and targets."""
         data, train = self.data, self.train
         loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.int64)
         self.optimizer.zero_grad(set_to_none=True)
         for micro in batch.tensor_split(train.accumulate):  # accumulate: same math, less memory
             x, y = data.train_x[micro], data.train_y[micro]
@@ -76,11 +89,12 @@ class Stepper:
             x = speed.as_input(data.inputs(x), self.channels_last)
             with autocast(self.device, self.dtype):
                 out = self.model(x)
-                loss = self.criterion(out, y)
+                loss = self.task.loss(out, y)
             # weight each micro-batch by its share so the sum is the full batch's mean loss
             self.scaler.scale(loss * (len(micro) / len(batch))).backward()
             loss_sum += loss.detach().float() * len(micro)
-            correct += (out.argmax(1) == y).sum()
+            if meter is not None:
+                meter.update(out.detach(), y)
         self.scaler.unscale_(self.optimizer)
         if train.grad_clip is not None:
             norm = nn.utils.clip_grad_norm_(self.params, train.grad_clip)
@@ -88,7 +102,7 @@ class Stepper:
             norm = nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss_sum, correct, norm
+        return loss_sum, norm
 
 
 def fit(
@@ -103,16 +117,18 @@ def fit(
     resume: checkpoint.Resume | None = None,
     on_epoch_end: OnEpochEnd | None = None,
     compiled: speed.CompiledForwards | None = None,
+    task: FittedTask | None = None,
 ) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
-    ``compiled``: the process's compiled forwards (train.compile), reused by its later trials."""
+    ``compiled``: the process's compiled forwards (train.compile), reused by its later trials.
+    ``task``: the loss and metrics (default: classification)."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
     if train.compile:
         net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
     else:
         net = model
-    stepper = Stepper(net, optimizer, data, train, seed)
+    stepper = Stepper(net, optimizer, data, train, seed, task)
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     order_gen = torch.Generator().manual_seed(seed)  # batch order
@@ -131,15 +147,14 @@ def fit(
         start = time.perf_counter()
         net.train()
         loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.int64)
+        meter = stepper.task.meter("train")
         norm_sum = torch.zeros((), device=device)
         seen = steps = 0
         for batch in train_batches(data, train.batch_size, order_gen):
-            batch_loss, batch_correct, norm = stepper.step(batch)
+            batch_loss, norm = stepper.step(batch, meter)
             if scheduler is not None and not per_epoch_scheduler:
                 scheduler.step()
             loss_sum += batch_loss
-            correct += batch_correct
             norm_sum += norm.float()
             seen += len(batch)
             steps += 1
@@ -148,15 +163,14 @@ def fit(
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        val_loss, val_acc = evaluate(net, data, train.eval_batch_size, stepper.dtype)
+        val = evaluate(net, data, train.eval_batch_size, stepper.dtype, stepper.task)
         if per_epoch_scheduler:
-            scheduler.step(val_loss)
+            scheduler.step(val["val_loss"])
         metrics = epoch_metrics(
             train_loss=train_loss,
-            train_correct=int(correct.item()),
+            train=meter.compute(),
             seen=seen,
-            val_loss=val_loss,
-            val_acc=val_acc,
+            val=val,
             lr=optimizer.param_groups[0]["lr"],
             grad_norm_sum=norm_sum.item(),
             steps=steps,
@@ -184,10 +198,9 @@ def fit(
 def epoch_metrics(
     *,
     train_loss: float,
-    train_correct: int,
+    train: dict[str, float],
     seen: int,
-    val_loss: float,
-    val_acc: float,
+    val: dict[str, float],
     lr: float,
     grad_norm_sum: float,
     steps: int,
@@ -195,15 +208,15 @@ def epoch_metrics(
     device: torch.device,
 ) -> dict[str, float]:
     """A trial's metrics of one epoch, as its history, the pruner and MLflow see them, solo or
-    fused: ``train_loss`` is the mean over the ``seen`` training samples, ``train_correct`` and
-    ``grad_norm_sum`` are sums over the epoch's samples and ``steps`` optimizer steps; ``seconds``
+    fused: ``train_loss`` is the mean over the ``seen`` training samples, ``train`` and ``val`` the
+    task's metrics of each split (``val`` with ``val_loss``), ``grad_norm_sum`` is a sum over the
+    epoch's ``steps`` optimizer steps; ``seconds``
     the epoch's wall time (training and validation; a fused member's is its group's). On CUDA
     also the device's peak memory since the epoch began (MiB; a fused member's is its group's)."""
     metrics = {
         "train_loss": train_loss,
-        "train_acc": train_correct / seen,
-        "val_loss": val_loss,
-        "val_acc": val_acc,
+        **train,
+        **val,
         "lr": lr,
         "grad_norm": grad_norm_sum / steps,
         "epoch_seconds": seconds,
@@ -215,24 +228,27 @@ def epoch_metrics(
 
 
 def evaluate(
-    model: nn.Module, data: DataSplits, batch_size: int, dtype: torch.dtype | None = None
-) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) on the validation split."""
+    model: nn.Module,
+    data: DataSplits,
+    batch_size: int,
+    dtype: torch.dtype | None = None,
+    task: FittedTask | None = None,
+) -> dict[str, float]:
+    """The task's metrics on the validation split (``val_loss`` among them; default task:
+    classification, mean cross-entropy and accuracy)."""
+    task = task if task is not None else default_task(data, TrainSpec())
     model.eval()
     device = data.val_x.device
-    loss = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.int64)
+    meter = task.meter("val")
     n = data.val_x.shape[0]
     layout = speed.channels_last(model, device)
     with torch.inference_mode(), autocast(device, dtype):
         for part in eval_batches(n, batch_size):
-            out = model(speed.as_input(data.inputs(data.val_x[part]), layout)).float()
-            loss += F.cross_entropy(out, data.val_y[part], reduction="sum")
-            correct += (out.argmax(1) == data.val_y[part]).sum()
-    val_loss = loss.item() / n
-    if not math.isfinite(val_loss):
+            meter.update(model(speed.as_input(data.inputs(data.val_x[part]), layout)).float(), data.val_y[part])
+    metrics = meter.compute()
+    if not math.isfinite(metrics["val_loss"]):
         raise TrialFailed("non-finite loss on the validation split")
-    return val_loss, correct.item() / n
+    return metrics
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
