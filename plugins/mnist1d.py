@@ -71,7 +71,9 @@ def _cached(args: dict[str, Any], root: str | None) -> tuple[np.ndarray, np.ndar
     return x, y
 
 
-def _generate(*, num_train: int, num_val: int, length: int, shuffle_seq: bool, seed: int) -> tuple[np.ndarray, ...]:
+def _generate(
+    *, num_train: int, num_val: int, length: int, shuffle_seq: bool, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``num_train + num_val`` samples from ``mnist1d.data.make_dataset`` (the generator draws
     from numpy's and Python's global generators: their states are put back afterwards, so
     loading the data leaves a trial's seeded state as it was)."""

@@ -147,6 +147,8 @@ class TransformerNet(nn.Module):
     """Linear embedding of each position + sinusoidal positions -> ``depth`` encoder blocks ->
     LayerNorm -> mean pooling over positions -> Linear."""
 
+    positions: torch.Tensor  # (max_length, width), a buffer
+
     def __init__(
         self,
         channels: int,
