@@ -77,7 +77,13 @@ def _batch_dim() -> dict[int, Any]:
 
 def pt2(model: nn.Module, example: torch.Tensor, path: Path) -> dict[str, Any]:
     """``torch.export.export`` with a dynamic batch dimension, saved with ``torch.export.save``."""
-    program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
+    with warnings.catch_warnings():
+        # nn.GRU/LSTM/RNN reassign their weight list while exporting, which torch.export reports
+        # as "tensor attributes ... assigned during export"; the weights are the module's own
+        warnings.filterwarnings(
+            "ignore", message=r"The tensor attributes .*_flat_weights.* were assigned during export"
+        )
+        program = torch.export.export(model, (example,), dynamic_shapes=(_batch_dim(),))
     torch.export.save(program, str(path))
     return {"method": "torch.export", "warnings": [], "files": [path]}
 
