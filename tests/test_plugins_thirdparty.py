@@ -217,12 +217,10 @@ def test_init_copies_a_shipped_search_space(site: Path, workdir: Path):
     assert again.returncode == 2 and "quick.yaml already exists" in again.stderr
     sweeper("init", "--from", "tiny", "--out", "other/spec.yaml", check=True)
     assert (workdir / "other" / "spec.yaml").read_text().endswith(smoke)
-    several = sweeper("init", "--from", "mlp")  # sweeper itself ships digits, cifar and smoke
-    assert (
-        several.returncode == 2
-        and "'mlp' comes from sweeper, which ships several search spaces: sweeper:cifar, sweeper:digits, sweeper:smoke"
-        in several.stderr
-    )
+    several = sweeper("init", "--from", "mlp")  # sweeper itself ships several spaces using mlp
+    shipped = "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:mnist1d, sweeper:multilabel, sweeper:smoke"
+    assert several.returncode == 2
+    assert f"'mlp' comes from sweeper, which ships several search spaces: {shipped}" in several.stderr
     make_dist(
         site,
         "bare-plugin",
