@@ -18,7 +18,7 @@ from pydantic import Field
 from torch import nn
 from torch.nn import functional as F
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DatasetSplits, DataSplits
 
 Smoothing = Annotated[float, Field(ge=0.0, lt=1.0)]  # of the target mass spread over the other classes
 Positive = Annotated[float, Field(gt=0.0, le=1e6)]
@@ -41,7 +41,7 @@ class Classification:
     def fusable(self) -> bool:
         return self.class_weights is None  # fused training computes the unweighted loss itself
 
-    def fit(self, data: DataSplits) -> FittedClassification:
+    def fit(self, data: DataSplits | DatasetSplits) -> FittedClassification:
         for split in ("train", "val"):
             y = getattr(data, f"{split}_y")
             if y.dtype != torch.int64 or y.ndim != 1:
@@ -161,7 +161,7 @@ class Regression:
     objective: ClassVar[str] = "val_rmse"
     fusable: ClassVar[bool] = False
 
-    def fit(self, data: DataSplits) -> FittedRegression:
+    def fit(self, data: DataSplits | DatasetSplits) -> FittedRegression:
         for split in ("train", "val"):
             y = getattr(data, f"{split}_y")
             if not y.is_floating_point() or y.ndim not in (1, 2):
@@ -263,7 +263,7 @@ class Multilabel:
     objective: ClassVar[str] = "val_map"
     fusable: ClassVar[bool] = False
 
-    def fit(self, data: DataSplits) -> FittedMultilabel:
+    def fit(self, data: DataSplits | DatasetSplits) -> FittedMultilabel:
         for split in ("train", "val"):
             y = getattr(data, f"{split}_y")
             if y.ndim != 2 or not bool(((y == 0) | (y == 1)).all()):

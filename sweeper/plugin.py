@@ -2,8 +2,11 @@
 
 Each kind has one entry-point group; the entry-point name is what a spec writes:
 
-- ``sweeper.datasets``: ``factory(*, seed=..., **args) -> DataSplits``. ``seed`` (the sweep
-  seed's "data" stream, so every trial sees the same split) is passed only when the factory accepts it.
+- ``sweeper.datasets``: ``factory(*, seed=..., **args) -> DataSplits | DatasetSplits``. ``seed``
+  (the sweep seed's "data" stream, so every trial sees the same split) is passed only when the
+  factory accepts it. ``DataSplits``: whole tensors, batched by index on the device (the fast
+  path); ``DatasetSplits``: map-style datasets read through a DataLoader (data larger than
+  memory, per-sample work, variable-length sequences with ``pad_collate``).
 - ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``;
   ``num_classes`` is the model's output width, which the task sets (classes, labels or
   regression targets).
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
     import torch
     from torch.optim.lr_scheduler import LRScheduler
     from torch.optim.optimizer import ParamsT
+    from torch.utils.data import Dataset
 
 __all__ = [
     "API_ATTR",
@@ -53,6 +57,7 @@ __all__ = [
     "FUSABLE_ATTR",
     "DataSplits",
     "DatasetFactory",
+    "DatasetSplits",
     "FittedTask",
     "Meter",
     "ModelFactory",
@@ -64,6 +69,7 @@ __all__ = [
     "TaskFactory",
     "UnseededDatasetFactory",
     "in_dry_build",
+    "pad_collate",
 ]
 
 KINDS = ("datasets", "models", "optimizers", "schedules", "tasks")
@@ -134,6 +140,84 @@ class DataSplits:
             val_y=self.val_y.to(device),
         )
 
+    def val_inputs(self, limit: int | None = None) -> torch.Tensor:
+        """Model inputs of the first ``limit`` validation samples (all when None): an export's
+        example and reference inputs."""
+        return self.inputs(self.val_x[:limit])
+
+
+@dataclass(frozen=True, eq=False)
+class DatasetSplits:
+    """What a dataset plugin returns for the DataLoader path: map-style datasets whose item ``i``
+    is ``(x, y)``, read by ``torch.utils.data.DataLoader`` (seeded workers, pinned memory) one
+    batch at a time: data larger than memory, per-sample preprocessing on CPU workers,
+    variable-length sequences. The fields that mean what they mean in ``DataSplits`` have its names."""
+
+    train: Dataset[Any]  # train[i] -> (x, y); len(train) samples
+    val: Dataset[Any]
+    # All targets at once, in the datasets' order (train_y[i] is train[i]'s y): the task fits on
+    # them (class counts, standardisation) without reading any sample. Dtypes as in DataSplits.
+    train_y: torch.Tensor
+    val_y: torch.Tensor
+    # One model input's shape (what a model factory gets as input_shape, and an export's example
+    # input): for variable lengths, the longest sample's, e.g. (max_len,) or (channels, max_len).
+    sample_shape: tuple[int, ...]
+    num_classes: int = 0  # classification: the number of classes; 0 for other targets
+    class_names: tuple[str, ...] | None = None
+    # list of items -> (x, y) or (x, y, mask): a batch. None: torch's default_collate (stacks
+    # same-shaped samples). pad_collate pads variable-length sequences and adds their mask, which
+    # the model receives as forward(x, mask=mask).
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    # Collated batch -> model inputs (float), on the training device, as in DataSplits.
+    input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    normalization: dict[str, list[float]] | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.sample_shape)
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs from a collated batch of samples."""
+        return x if self.input_transform is None else self.input_transform(x)
+
+    def collate(self, split: str, indices: range) -> tuple[torch.Tensor, ...]:
+        """Samples ``indices`` of ``split`` ("train" or "val") as one batch: (x, y) or (x, y, mask)."""
+        from torch.utils.data import default_collate
+
+        dataset = self.train if split == "train" else self.val
+        items = [dataset[i] for i in indices]
+        return tuple((self.collate_fn or default_collate)(items))
+
+    def val_inputs(self, limit: int | None = None) -> torch.Tensor:
+        """Model inputs of the first ``limit`` validation samples (all when None), collated."""
+        n = len(self.val_y) if limit is None else min(limit, len(self.val_y))
+        return self.inputs(self.collate("val", range(n))[0])
+
+    def to(self, device: torch.device) -> DatasetSplits:
+        """The targets on ``device`` (the task fits there); the samples stay where the datasets
+        read them: the loader moves each batch."""
+        from dataclasses import replace
+
+        return replace(self, train_y=self.train_y.to(device), val_y=self.val_y.to(device))
+
+
+def pad_collate(items: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A ``DatasetSplits.collate_fn`` for variable-length sequences: items ``(x, y)`` with ``x``
+    shaped (L,) or (C, L) (L varies) -> ``(x, y, mask)``: ``x`` zero-padded at the end to the
+    batch's longest L, (N, L_max) or (N, C, L_max); ``y`` stacked; ``mask`` (N, L_max) bool, True
+    where a position holds data (the sequence models of sweeper_plugins.sequences take it)."""
+    import torch
+
+    xs = [torch.as_tensor(x) for x, _ in items]
+    longest = max(x.shape[-1] for x in xs)
+    x = xs[0].new_zeros((len(xs), *xs[0].shape[:-1], longest))
+    mask = torch.zeros((len(xs), longest), dtype=torch.bool)
+    for i, sample in enumerate(xs):
+        x[i, ..., : sample.shape[-1]] = sample
+        mask[i, : sample.shape[-1]] = True
+    y = torch.stack([torch.as_tensor(target) for _, target in items])
+    return x, y, mask
+
 
 @dataclass(frozen=True)
 class Normalize:
@@ -179,14 +263,14 @@ class SeededDatasetFactory(Protocol):
     """``sweeper.datasets``, taking ``seed``: the sweep seed's "data" stream, the same for every
     trial of a sweep (so every trial sees the same split)."""
 
-    def __call__(self, *, seed: int) -> DataSplits: ...
+    def __call__(self, *, seed: int) -> DataSplits | DatasetSplits: ...
 
 
 class UnseededDatasetFactory(Protocol):
     """``sweeper.datasets``, without ``seed`` (a split fixed on disk, say): called with the spec's
     arguments alone."""
 
-    def __call__(self) -> DataSplits: ...
+    def __call__(self) -> DataSplits | DatasetSplits: ...
 
 
 # A data-set factory gets ``seed`` only when its signature accepts it.
@@ -253,7 +337,7 @@ class Task(Protocol):
     objective: str
     fusable: bool
 
-    def fit(self, data: DataSplits) -> FittedTask:
+    def fit(self, data: DataSplits | DatasetSplits) -> FittedTask:
         """Check the targets (ValueError naming what is wrong) and learn what the task needs from
         the training split only; the result lives on the data's device."""
 

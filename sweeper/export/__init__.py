@@ -20,7 +20,7 @@ from torch import nn
 from sweeper import files
 from sweeper.export import formats, verify
 from sweeper.export.verify import ExportError
-from sweeper.plugin import DataSplits, FittedTask
+from sweeper.plugin import DatasetSplits, DataSplits, FittedTask
 from sweeper.spec import ExportSpec
 
 __all__ = ["ExportError", "exportable", "export_model"]
@@ -30,7 +30,7 @@ EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see for
 
 def export_model(
     model: nn.Module,
-    data: DataSplits,
+    data: DataSplits | DatasetSplits,
     out_dir: Path,
     spec: ExportSpec,
     names: list[str] | None = None,
@@ -44,7 +44,7 @@ def export_model(
     classification logits)."""
     model = exportable(model, task).eval().cpu()
     out_dir.mkdir(parents=True, exist_ok=True)
-    val_x = data.inputs(data.val_x).detach().cpu().float()  # model inputs (input_transform applied)
+    val_x = data.val_inputs().detach().cpu().float()  # model inputs (input_transform applied)
     example = val_x[:EXAMPLE_ROWS]
     if len(example) < 2:
         example = example.expand(2, *example.shape[1:]).clone()

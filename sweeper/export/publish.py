@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import Objective, choose
 from sweeper.track.mlflow import TAG
@@ -25,7 +25,7 @@ EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dyna
 
 def register(
     model: nn.Module,
-    data: DataSplits,
+    data: DataSplits | DatasetSplits,
     spec: SweepSpec,
     tracking_uri: str,
     run_id: str,
@@ -45,7 +45,7 @@ def register(
 
     name = spec.export.registered_name or spec.name
     client = MlflowClient(tracking_uri)
-    example = data.inputs(data.val_x[:EXAMPLE_ROWS]).detach().cpu().float().numpy()
+    example = data.val_inputs(EXAMPLE_ROWS).detach().cpu().float().numpy()
     signature = ModelSignature(  # -1: any batch size
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, outputs or data.num_classes))]),

@@ -5,6 +5,7 @@ from sweeper.spec.load import apply_overrides, json_schema, load, parse_yaml, va
 from sweeper.spec.model import (
     EXPORT_FORMATS,
     METRICS,
+    DataSpec,
     ExportSpec,
     LRFinderSpec,
     Objective,
@@ -19,6 +20,7 @@ from sweeper.spec.model import (
 __all__ = [
     "EXPORT_FORMATS",
     "METRICS",
+    "DataSpec",
     "ExportSpec",
     "LRFinderSpec",
     "Objective",

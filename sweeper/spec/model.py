@@ -68,6 +68,25 @@ class TrainSpec(_Strict):
         return self
 
 
+class DataSpec(_Strict):
+    """How trials read the data set (sweeper/trial/loading.py). ``auto``: whole tensors on the
+    device when the plugin returns DataSplits (the fast path), a DataLoader when it returns
+    DatasetSplits; ``loader``: a DataLoader always (DataSplits wrapped into datasets: checks the
+    path on a tensor data set, or reads a large one from host memory)."""
+
+    path: Literal["auto", "loader"] = "auto"
+    # DataLoader worker processes of each trial; default: half the trial's torch threads, 0
+    # (load in the trial's own process) when that is 1 or less, and 0 in a search.parallel worker
+    # (a daemonic process cannot start workers of its own)
+    num_workers: int | None = Field(default=None, ge=0, le=MAX_PROCESSES)
+    # batches each worker loads ahead; default: torch's (2); only with workers
+    prefetch_factor: int | None = Field(default=None, ge=1, le=1024)
+    # workers live for the whole trial instead of restarting every epoch (each start forks a process)
+    persistent_workers: bool = True
+    # page-locked host batches copy to the GPU asynchronously; default: on when the trial's device is CUDA
+    pin_memory: bool | None = None
+
+
 class PrunerSpec(_Strict):
     """Early stopping (none/median/asha/hyperband), or Population Based Training (pbt, backend ray
     with sampler random): every perturbation_interval epochs, trials in the bottom quantile take
@@ -432,6 +451,7 @@ class SweepSpec(_Strict):
     optimizer: PluginRef
     schedule: PluginRef = PluginRef(plugin="none")
     train: TrainSpec = TrainSpec()
+    data: DataSpec = DataSpec()
     search: SearchSpec = SearchSpec()
     tracking: TrackingSpec = TrackingSpec()
     export: ExportSpec = ExportSpec()
@@ -463,6 +483,19 @@ class SweepSpec(_Strict):
                 "trial that reserves none; set search.resources.gpu (1, or 0.5 to share a GPU) or "
                 "leave it unset (1 when the cluster has GPUs)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _loader_workers(self) -> SweepSpec:
+        workers, search = self.data.num_workers, self.search
+        if workers and search.backend == "optuna" and search.parallel > 1:
+            raise ValueError(
+                f"data.num_workers: {workers} starts DataLoader worker processes, but with "
+                f"search.parallel: {search.parallel} trials run in daemonic worker processes, which "
+                f"cannot start any; set data.num_workers: 0 (or leave it unset) or search.parallel: 1"
+            )
+        if self.data.prefetch_factor is not None and workers == 0:
+            raise ValueError("data.prefetch_factor sets what workers load ahead; data.num_workers is 0")
         return self
 
     def with_values(self, values: dict[str, Any]) -> SweepSpec:

@@ -6,15 +6,15 @@ from collections.abc import Iterator
 
 import torch
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DatasetSplits, DataSplits
 
 
-def steps_per_epoch(data: DataSplits, batch_size: int) -> int:
-    steps = data.train_x.shape[0] // batch_size  # the last incomplete batch is dropped (BatchNorm-safe)
+def steps_per_epoch(data: DataSplits | DatasetSplits, batch_size: int) -> int:
+    """Optimizer steps of an epoch, on either data path (trial/loading.py cuts batches alike)."""
+    n = len(data.train_y)
+    steps = n // batch_size  # the last incomplete batch is dropped (BatchNorm-safe)
     if steps == 0:
-        raise ValueError(
-            f"train.batch_size ({batch_size}) is larger than the training split ({data.train_x.shape[0]} samples)"
-        )
+        raise ValueError(f"train.batch_size ({batch_size}) is larger than the training split ({n} samples)")
     return steps
 
 

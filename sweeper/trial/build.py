@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from sweeper.plugin import DataSplits, FittedTask
+from sweeper.plugin import DatasetSplits, DataSplits, FittedTask
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import accepted_args
 from sweeper.pluginhost.tasks import make_task
 from sweeper.spec import SweepSpec
-from sweeper.trial import speed
+from sweeper.trial import loading, speed
 from sweeper.trial.batching import steps_per_epoch
 from sweeper.trial.checkpoint import Resume
 from sweeper.trial.seeding import derive, seed_everything
@@ -49,7 +49,7 @@ class TrainedTrial:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    data: DataSplits
+    data: DataSplits | DatasetSplits
     task: FittedTask
 
 
@@ -57,7 +57,7 @@ class TrainedTrial:
 class TrialParts:
     """A trial's built pieces, before training."""
 
-    data: DataSplits
+    data: DataSplits | DatasetSplits
     data_fingerprint: str
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -65,10 +65,12 @@ class TrialParts:
     task: FittedTask
 
     def data_info(self) -> dict[str, Any]:
-        """What a trial's info says of its data: the fingerprint, and the splits' sizes and shape."""
+        """What a trial's info says of its data: the fingerprint, the path its batches take
+        (trial/loading.py), and the splits' sizes and shape."""
         data = self.data
         return {
             "data_fingerprint": self.data_fingerprint,
+            "data_path": "tensors" if isinstance(data, DataSplits) else "loader",
             "data_profile": {
                 "train": int(data.train_y.shape[0]),
                 "val": int(data.val_y.shape[0]),
@@ -78,10 +80,18 @@ class TrialParts:
         }
 
 
-def fingerprint(data: DataSplits) -> str:
-    """sha256 over the split tensors (shapes, dtypes, bytes): same value, same data and split."""
+def fingerprint(data: DataSplits | DatasetSplits) -> str:
+    """sha256 over the split tensors (shapes, dtypes, bytes): same value, same data and split.
+    DatasetSplits: over the targets, the sample shape and the datasets' types (reading every
+    sample of a data set larger than memory would cost an epoch)."""
     h = hashlib.sha256()
-    for t in (data.train_x, data.train_y, data.val_x, data.val_y):
+    tensors = [data.train_y, data.val_y]
+    if isinstance(data, DataSplits):
+        tensors = [data.train_x, data.train_y, data.val_x, data.val_y]
+    else:
+        kinds = [f"{type(d).__module__}.{type(d).__qualname__}" for d in (data.train, data.val)]
+        h.update(f"datasets {kinds} {tuple(data.sample_shape)}".encode())
+    for t in tensors:
         t = t.detach().cpu().contiguous()
         h.update(f"{tuple(t.shape)}{t.dtype}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -102,18 +112,21 @@ class DataCache:
     Another data set (or device) replaces it."""
 
     def __init__(self) -> None:
-        self.held: dict[str, tuple[DataSplits, str]] = {}  # at most one: its key -> (splits, fingerprint)
+        # at most one: its key -> (splits, fingerprint)
+        self.held: dict[str, tuple[DataSplits | DatasetSplits, str]] = {}
 
-    def load(self, spec: SweepSpec, device: torch.device) -> tuple[DataSplits, str]:
-        """The dataset plugin's splits on ``device``, and their fingerprint. The split's seed is
-        the sweep's "data" stream: the same for every trial of the sweep."""
+    def load(self, spec: SweepSpec, device: torch.device) -> tuple[DataSplits | DatasetSplits, str]:
+        """The dataset plugin's splits on ``device`` (as ``data.path`` reads them: whole tensors,
+        or datasets whose targets alone are on the device), and their fingerprint (of the data
+        as the plugin returned it). The split's seed is the sweep's "data" stream: the same for
+        every trial of the sweep."""
         factory = registry.get("datasets", spec.dataset.plugin)
         args = dataset_args(factory, spec.dataset.args, derive(spec.seed, "data"))
-        key = json.dumps([spec.dataset.plugin, args, str(device)], sort_keys=True, default=str)
+        key = json.dumps([spec.dataset.plugin, args, spec.data.path, str(device)], sort_keys=True, default=str)
         if key not in self.held:
             self.held.clear()
             data = make_data(spec)
-            self.held[key] = (data.to(device), fingerprint(data))
+            self.held[key] = (loading.for_path(data, spec.data.path).to(device), fingerprint(data))
         return self.held[key]
 
     def forget(self) -> None:
@@ -132,24 +145,26 @@ class ProcessCache:
     compiled: speed.CompiledForwards = field(default_factory=speed.CompiledForwards)
 
 
-def load_data(spec: SweepSpec, device: torch.device, cache: DataCache | None = None) -> tuple[DataSplits, str]:
+def load_data(
+    spec: SweepSpec, device: torch.device, cache: DataCache | None = None
+) -> tuple[DataSplits | DatasetSplits, str]:
     """The dataset plugin's splits on ``device`` and their fingerprint (from ``cache`` when it
     holds them)."""
     return (cache if cache is not None else DataCache()).load(spec, device)
 
 
-def make_data(spec: SweepSpec) -> DataSplits:
+def make_data(spec: SweepSpec) -> DataSplits | DatasetSplits:
     """The dataset plugin's splits as it returns them (uncached: for one look before the sweep)."""
     factory = registry.get("datasets", spec.dataset.plugin)
     return factory(**dataset_args(factory, spec.dataset.args, derive(spec.seed, "data")))
 
 
-def build_task(spec: SweepSpec, data: DataSplits) -> FittedTask:
+def build_task(spec: SweepSpec, data: DataSplits | DatasetSplits) -> FittedTask:
     """The spec's task fitted to ``data``'s training split (on the data's device)."""
     return make_task(spec).fit(data)
 
 
-def build_model(spec: SweepSpec, data: DataSplits, task: FittedTask | None = None) -> nn.Module:
+def build_model(spec: SweepSpec, data: DataSplits | DatasetSplits, task: FittedTask | None = None) -> nn.Module:
     """The model plugin's model, with as many outputs as the task needs (``task``: the spec's
     task fitted to ``data``, fitted here when not given)."""
     factory = registry.get("models", spec.model.plugin)
@@ -164,7 +179,7 @@ def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
     return factory(model.parameters(), **speed.optimizer_args(factory, spec.optimizer.args, device))
 
 
-def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: DataSplits) -> Any:
+def build_schedule(spec: SweepSpec, optimizer: torch.optim.Optimizer, data: DataSplits | DatasetSplits) -> Any:
     """The schedule plugin's scheduler (or None), stepped once per optimizer step of the run."""
     return registry.get("schedules", spec.schedule.plugin)(
         optimizer,
@@ -218,13 +233,14 @@ def run_trial(
         on_epoch_end=on_epoch_end,
         compiled=cache.compiled if cache is not None else None,
         task=parts.task,
+        loading=config.spec.data,
     )
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data, parts.task)
 
 
 def rebuild(
     spec: SweepSpec, checkpoint_file: Path, cache: DataCache | None = None
-) -> tuple[nn.Module, DataSplits, FittedTask]:
+) -> tuple[nn.Module, DataSplits | DatasetSplits, FittedTask]:
     """A trained model (on the CPU, eval mode), its data and its task, from the trial's spec and
     checkpoint (the data from ``cache`` when it holds it)."""
     from sweeper.trial import checkpoint

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.trial.batching import train_batches
 from sweeper.trial.build import build_model, build_optimizer, build_task, load_data
+from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders
 from sweeper.trial.seeding import configure_torch, threads_per_trial
 from sweeper.trial.trainer import Stepper, evaluate, resolve_device
 
@@ -36,6 +39,7 @@ class Estimate:
     trials: int | None  # search.n_trials (None: until the timeout)
     workers: int  # trials side by side
     timeout_s: float | None
+    data_path: str = "tensors (whole splits on the device)"  # how trials read the data (trial/loading.py)
 
     @property
     def trial_s(self) -> float:
@@ -56,6 +60,7 @@ class Estimate:
         lines = [
             f"# estimate on {self.device} ({self.threads} thread(s) a trial): {self.step_s * 1000:.1f} ms a step, "
             f"{self.eval_s * 1000:.1f} ms an evaluation, {self.steps_per_epoch} steps an epoch",
+            f"# data path: {self.data_path}",
             f"# a trial: {_duration(self.trial_s)} ({self.epochs} epochs)",
             f"# the sweep ({trials}, {self.workers} side by side): at most "
             + (_duration(bound) if bound is not None else "unbounded")
@@ -82,27 +87,27 @@ def estimate(spec: SweepSpec) -> Estimate:
     model = build_model(spec, data, task).to(device)
     optimizer = build_optimizer(spec, model)
     stepper = Stepper(model, optimizer, data, spec.train, spec.seed, task)
-    batches = train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(spec.seed))
+    loaders = None
+    if isinstance(data, DataSplits):
+        path = "tensors (whole splits on the device)"
+    else:
+        settings = LoaderSettings.resolve(spec.data, device, threads)
+        path = settings.describe()
+        loaders = TrialLoaders(
+            data,
+            settings,
+            batch_size=spec.train.batch_size,
+            eval_batch_size=spec.train.eval_batch_size,
+            order=torch.Generator().manual_seed(spec.seed),
+            seed=spec.seed,
+            device=device,
+        )
+    try:
+        step_s, eval_s = _time(spec, model, data, stepper, loaders, device)
+    finally:
+        if loaders is not None:
+            loaders.close()
     steps_per_epoch = math.ceil(data.train_y.shape[0] / spec.train.batch_size)
-    model.train()
-    timed, started = 0, 0.0
-    for i in range(WARMUP_STEPS + TIMED_STEPS):
-        if i == WARMUP_STEPS:
-            _sync(device)
-            started = time.perf_counter()
-        try:
-            batch = next(batches)
-        except StopIteration:  # a small data set: the next epoch's order
-            batches = train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(spec.seed + i))
-            batch = next(batches)
-        stepper.step(batch)
-        timed += i >= WARMUP_STEPS
-    _sync(device)
-    step_s = (time.perf_counter() - started) / timed
-    started = time.perf_counter()
-    evaluate(model, data, spec.train.eval_batch_size, stepper.dtype, task)
-    _sync(device)
-    eval_s = time.perf_counter() - started
     search = spec.search
     workers = search.parallel if search.backend == "optuna" else (search.ray.max_concurrent_trials or 1)
     return Estimate(
@@ -115,7 +120,46 @@ def estimate(spec: SweepSpec) -> Estimate:
         search.n_trials,
         workers,
         search.timeout,
+        path,
     )
+
+
+def _time(
+    spec: SweepSpec,
+    model: torch.nn.Module,
+    data: DataSplits | DatasetSplits,
+    stepper: Stepper,
+    loaders: TrialLoaders | None,
+    device: torch.device,
+) -> tuple[float, float]:
+    """(seconds of one optimizer step, seconds of one evaluation), timed after warm-up steps."""
+
+    def epoch(seed: int) -> Iterator[torch.Tensor | Batch]:
+        if loaders is not None:
+            return loaders.train_epoch()
+        assert isinstance(data, DataSplits)
+        return train_batches(data, spec.train.batch_size, torch.Generator().manual_seed(seed))
+
+    batches = epoch(spec.seed)
+    model.train()
+    timed, started = 0, 0.0
+    for i in range(WARMUP_STEPS + TIMED_STEPS):
+        if i == WARMUP_STEPS:
+            _sync(device)
+            started = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:  # a small data set: the next epoch's order
+            batches = epoch(spec.seed + i)
+            batch = next(batches)
+        stepper.step(batch)
+        timed += i >= WARMUP_STEPS
+    _sync(device)
+    step_s = (time.perf_counter() - started) / timed
+    started = time.perf_counter()
+    evaluate(model, data, spec.train.eval_batch_size, stepper.dtype, stepper.task, loaders)
+    _sync(device)
+    return step_s, time.perf_counter() - started
 
 
 def _sync(device: torch.device) -> None:

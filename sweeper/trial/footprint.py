@@ -19,7 +19,7 @@ import time
 import torch
 from torch import nn
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.trial import speed
 from sweeper.trial.trainer import amp_dtype, autocast
@@ -28,7 +28,7 @@ WARMUP = 3  # untimed passes: first-call allocations, kernel selection, caches
 TIMED = 10  # passes timed; their median is the latency
 
 
-def measure(model: nn.Module, data: DataSplits, spec: SweepSpec) -> dict[str, float]:
+def measure(model: nn.Module, data: DataSplits | DatasetSplits, spec: SweepSpec) -> dict[str, float]:
     """The footprint of a trained model: ``params`` always (it is free), ``latency_ms`` when
     the sweep optimises it (it costs 13 forward passes)."""
     out = {"params": float(sum(p.numel() for p in model.parameters()))}
@@ -37,10 +37,11 @@ def measure(model: nn.Module, data: DataSplits, spec: SweepSpec) -> dict[str, fl
     return out
 
 
-def latency_ms(model: nn.Module, data: DataSplits, spec: SweepSpec) -> float:
-    device = data.val_x.device
+def latency_ms(model: nn.Module, data: DataSplits | DatasetSplits, spec: SweepSpec) -> float:
+    device = data.val_y.device
     layout = speed.channels_last(model, device)
-    batch = speed.as_input(data.inputs(data.val_x[: spec.train.eval_batch_size]), layout)
+    # (DatasetSplits: collated on the CPU; a padded sequence batch is timed without its mask)
+    batch = speed.as_input(data.val_inputs(spec.train.eval_batch_size).to(device), layout)
     training = model.training
     model.eval()
     times = []

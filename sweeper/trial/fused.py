@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.plugin import FUSABLE_ATTR
+from sweeper.plugin import FUSABLE_ATTR, DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.tasks import SMOOTHING, make_task, task_args
 from sweeper.trial import checkpoint, fused_forward, speed
@@ -139,6 +139,8 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
             f"task '{first.task.plugin}' with task.args {first.task.args} trains one trial at a time "
             f"(a fused model computes the unweighted classification loss)"
         )
+    if first.data.path == "loader":
+        return "data.path is loader (fused trials batch whole tensors by index on the device)"
     if any(config.resume is not None for config in configs):
         return "a trial resumes a saved state (fused trials start together at epoch 1)"
     refs = [("models", first.model.plugin)] + sorted({("optimizers", c.spec.optimizer.plugin) for c in configs})
@@ -278,6 +280,8 @@ def fit_fused(
     cache = cache if cache is not None else ProcessCache()
     for config in configs:  # each built exactly as its solo trial is
         parts = build(config, device, cache)
+        if not isinstance(parts.data, DataSplits):
+            raise NotFusable("the data set returns DatasetSplits (read through a DataLoader, one trial at a time)")
         members.append(
             Member(
                 config,
@@ -288,7 +292,7 @@ def fit_fused(
             )
         )
     group = FusedGroup(members, stacked)
-    train, data = configs[0].spec.train, members[0].parts.data
+    train, data = configs[0].spec.train, _tensors(members[0])
     dtype = amp_dtype(device, train.precision)
     try:
         group.engine = fused_forward.engine(  # layered where the model allows, checked on 32 validation samples
@@ -317,10 +321,16 @@ def fit_fused(
     return members
 
 
+def _tensors(member: Member) -> DataSplits:
+    """A member's whole-tensor splits (fit_fused refuses DatasetSplits before training)."""
+    assert isinstance(member.parts.data, DataSplits)
+    return member.parts.data
+
+
 def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
     members = group.active
     first = members[0]
-    data, train = first.parts.data, first.config.spec.train
+    data, train = _tensors(first), first.config.spec.train
     device = data.train_x.device
     if device.type == "cuda":  # the epoch's peak memory (epoch_metrics): the group's, as the solo trainer's
         torch.cuda.reset_peak_memory_stats(device)
@@ -407,7 +417,7 @@ def _evaluate_and_report(
     started = time.perf_counter()
     engine = group.engine
     assert engine is not None  # fit_fused sets it before the first epoch
-    data, train = members[0].parts.data, members[0].config.spec.train
+    data, train = _tensors(members[0]), members[0].config.spec.train
     n = data.val_x.shape[0]
     loss = torch.zeros(len(members), device=data.val_x.device)
     correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)

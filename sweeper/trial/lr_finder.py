@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from sweeper.plugin import DataSplits, FittedTask
+from sweeper.plugin import DatasetSplits, DataSplits, FittedTask
 from sweeper.spec import TrainSpec
 from sweeper.trial.batching import train_batches
 from sweeper.trial.checkpoint import rng_state, set_rng_state
+from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders
 from sweeper.trial.trainer import Stepper
 
 MAX_SMOOTHING = 0.98  # weight of the running average of the loss (bias-corrected), long tests
@@ -58,7 +60,7 @@ class RangeTest:
 def range_test(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    data: DataSplits,
+    data: DataSplits | DatasetSplits,
     train: TrainSpec,
     *,
     min_lr: float,
@@ -163,9 +165,24 @@ def plot(result: RangeTest, path: Path, title: str = "") -> Path:
     return path
 
 
-def _forever(data: DataSplits, batch_size: int, generator: torch.Generator):
+def _forever(
+    data: DataSplits | DatasetSplits, batch_size: int, generator: torch.Generator
+) -> Iterator[torch.Tensor | Batch]:
+    """Training batches, epoch after epoch (DatasetSplits: read in this process, no workers)."""
+    if isinstance(data, DataSplits):
+        while True:
+            yield from train_batches(data, batch_size, generator)
+    loaders = TrialLoaders(
+        data,
+        LoaderSettings(),
+        batch_size=batch_size,
+        eval_batch_size=batch_size,
+        order=generator,
+        seed=0,
+        device=data.train_y.device,
+    )
     while True:
-        yield from train_batches(data, batch_size, generator)
+        yield from loaders.train_epoch()
 
 
 def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

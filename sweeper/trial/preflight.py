@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 from sweeper.errors import UserError
-from sweeper.plugin import DRY_BUILD, DataSplits
+from sweeper.plugin import DRY_BUILD, DatasetSplits, DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import SECTIONS, plugin_points
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.trial.build import build_model, build_optimizer, build_schedule, build_task, make_data
+from sweeper.trial.loading import first_batch, for_path, forward, loader_refusal
 
 # Training samples in the dry step's batch: more than 1 (BatchNorm needs two values per channel
 # in training mode), few enough that a ResNet-18 step costs a fraction of a second on a CPU.
@@ -69,7 +70,8 @@ def dry_build(spec: SweepSpec) -> DryBuild:
     labels: list[str] = []  # of the plugin configurations, then of the argument choices
     warnings: list[str] = []
     data_seconds = build_seconds = 0.0
-    prepared: dict[str, DataSplits] = {}  # by dataset plugin and args: each prepared once
+    # by dataset plugin and args: each prepared once, as the trials read it (data.path)
+    prepared: dict[str, DataSplits | DatasetSplits] = {}
     with _dry_building():
         for label, values in plugin_points(spec):
             config = spec.with_values(values)
@@ -79,8 +81,11 @@ def dry_build(spec: SweepSpec) -> DryBuild:
             if key not in prepared:
                 try:
                     with _blame("dataset", "preparing the data set"):
-                        prepared[key] = make_data(config)
-                        _check_splits(prepared[key])
+                        raw = make_data(config)
+                        _check_splits(raw)
+                        _check_path(config, raw)
+                        prepared[key] = for_path(raw, config.data.path)
+                        _check_padding(config, prepared[key])
                 except _Failed as failed:
                     raise _refusal(config, failed, values, None) from failed.error
             data = prepared[key]
@@ -98,7 +103,7 @@ def dry_build(spec: SweepSpec) -> DryBuild:
     return DryBuild(plugins, choices, data_seconds, build_seconds, warnings)
 
 
-def _refused_arg(config: SweepSpec, data: DataSplits, failed: _Failed) -> str | None:
+def _refused_arg(config: SweepSpec, data: DataSplits | DatasetSplits, failed: _Failed) -> str | None:
     """The argument of the failed section whose removal (the plugin's default instead) lets the
     whole build and step pass: the one the plugin refused. None when no single one does, or for
     the data set (preparing it again could download or read files)."""
@@ -137,13 +142,14 @@ def _refusal(config: SweepSpec, failed: _Failed, values: dict[str, Any], arg: st
     )
 
 
-def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
+def _build_and_step(config: SweepSpec, data: DataSplits | DatasetSplits) -> list[str]:
     """Fit the task to the data (its targets checked), build the plugins (the schedule sized for
     the full data set) and take one training step, one scheduler step and one evaluation on a
     few samples; raises _Failed. Returns warnings: the optimizer settings of the spec that the
     optimizer or the schedule plugin overrides."""
     n = min(DRY_SAMPLES, len(data.train_y))
-    x, y = data.train_x[:n], data.train_y[:n]
+    batch = first_batch(data, "train", n)
+    x, y = batch.x, batch.y
     with _blame("task", f"fitting it to dataset plugin '{config.dataset.plugin}' (its targets checked)"):
         task = build_task(config, data)
     with _blame("model", "building it"):
@@ -154,14 +160,14 @@ def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
     given = _settings(optimizer)
     with _blame("schedule", "building it"):
         scheduler = build_schedule(config, optimizer, data)
-    if data.train_transform is not None:
+    if isinstance(data, DataSplits) and data.train_transform is not None:
         with _blame("dataset", "its train_transform on a batch"):
             x = data.train_transform(x, torch.Generator().manual_seed(0))
     with _blame("dataset", "its input_transform on a batch"):
         x = data.inputs(x)
     with _blame("model", f"a forward and backward pass on {n} training samples"):
         model.train()
-        out = model(x)
+        out = forward(model, x, batch.mask)
         if tuple(out.shape) != (n, task.outputs):
             raise ValueError(
                 f"it returns shape {tuple(out.shape)} for {n} inputs of shape {data.input_shape}; "
@@ -180,13 +186,15 @@ def _build_and_step(config: SweepSpec, data: DataSplits) -> list[str]:
             scheduler.step(loss.item())  # stepped once per epoch with the validation loss
         elif scheduler is not None:
             scheduler.step()
+    with _blame("dataset", f"collating {n} validation samples"):
+        val = first_batch(data, "val", n)
     with _blame("model", f"evaluating {n} validation samples"):
         model.eval()
         with torch.inference_mode():
-            out = model(data.inputs(data.val_x[:n]))
+            out = forward(model, data.inputs(val.x), val.mask)
     with _blame("task", f"its metrics on {n} validation samples"):
         meter = task.meter("val")
-        meter.update(out.float(), data.val_y[:n])
+        meter.update(out.float(), val.y)
         meter.compute()
     return warnings + _overridden(config, "schedule", optimizer, given)
 
@@ -223,10 +231,15 @@ def _overridden(
 
 
 def _check_splits(data: Any) -> None:
-    """The DataSplits contract, as far as every trial relies on it (shapes and dtypes; the task
-    checks the targets' values)."""
+    """The DataSplits or DatasetSplits contract, as far as every trial relies on it (shapes and
+    dtypes; the task checks the targets' values)."""
+    if isinstance(data, DatasetSplits):
+        _check_datasets(data)
+        return
     if not isinstance(data, DataSplits):
-        raise TypeError(f"it returned a {type(data).__name__}, not a sweeper.plugin.DataSplits")
+        raise TypeError(
+            f"it returned a {type(data).__name__}, not a sweeper.plugin.DataSplits or sweeper.plugin.DatasetSplits"
+        )
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         given = data.inputs(x[:2])
@@ -245,7 +258,46 @@ def _check_splits(data: Any) -> None:
         )
 
 
-def _check_batch_sizes(spec: SweepSpec, config: SweepSpec, data: DataSplits) -> None:
+def _check_datasets(data: DatasetSplits) -> None:
+    """DatasetSplits: each dataset as long as its targets, and its first samples collate into
+    (x, y) or (x, y, mask) with floating-point model inputs."""
+    for split in ("train", "val"):
+        dataset, y = getattr(data, split), getattr(data, f"{split}_y")
+        if not (y.ndim >= 1 and len(dataset) == len(y) > 0):
+            raise ValueError(
+                f"{split} must hold as many samples as {split}_y has rows, more than 0; got "
+                f"{len(dataset)} samples and {split}_y of shape {tuple(y.shape)}"
+            )
+        batch = first_batch(data, split, 2)
+        given = data.inputs(batch.x)
+        if not given.is_floating_point():
+            raise TypeError(
+                f"{split} samples must collate into floating-point inputs (as stored, or after "
+                f"input_transform); got {given.dtype}"
+            )
+
+
+def _check_path(config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
+    """The data path the spec asks for can read ``data`` (data.path: loader and a train_transform)."""
+    refusal = loader_refusal(data, config.data.path)
+    if refusal is not None:
+        raise UserError(f"{refusal} (dataset plugin '{config.dataset.plugin}')")
+
+
+def _check_padding(config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
+    """Padded batches (a collate_fn that returns a mask) train and validate, but an exported
+    model takes one input tensor, without the mask: its outputs on padded inputs would differ."""
+    if isinstance(data, DataSplits) or not config.export.formats:
+        return
+    if first_batch(data, "train", 2).mask is not None:
+        raise UserError(
+            f"export.formats: {list(config.export.formats)}: dataset plugin '{config.dataset.plugin}' pads "
+            f"variable-length sequences (its collate_fn returns a mask), and an exported model takes no "
+            f"mask; set export: {{formats: []}}"
+        )
+
+
+def _check_batch_sizes(spec: SweepSpec, config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
     """Every batch size the sweep can use fits in the training split (a trial drops the last
     incomplete batch, so a larger batch would leave it nothing to train on)."""
     param = spec.search.space.get("train.batch_size")

@@ -7,18 +7,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from sweeper.errors import TrialFailed
-from sweeper.plugin import DataSplits, FittedTask, Meter
+from sweeper.plugin import DatasetSplits, DataSplits, FittedTask, Meter
 from sweeper.pluginhost import registry
-from sweeper.spec import TrainSpec
+from sweeper.spec import DataSpec, TrainSpec
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
+from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, forward
 
 Report = Callable[[int, dict[str, float]], None]
 # on_epoch_end(state): the training state after an epoch, before that epoch's report
@@ -46,7 +47,7 @@ def amp_dtype(device: torch.device, precision: str) -> torch.dtype | None:
     return torch.bfloat16
 
 
-def default_task(data: DataSplits, train: TrainSpec) -> FittedTask:
+def default_task(data: DataSplits | DatasetSplits, train: TrainSpec) -> FittedTask:
     """The default task (classification, with ``train.label_smoothing``) fitted to ``data``: for
     a caller that names no task."""
     smoothing = {"label_smoothing": train.label_smoothing} if train.label_smoothing else {}
@@ -54,21 +55,22 @@ def default_task(data: DataSplits, train: TrainSpec) -> FittedTask:
 
 
 class Stepper:
-    """One optimizer step over a batch of indices: micro-batches (accumulation), autocast,
-    loss scaling, clipping; the loss is the task's. Shared by training and the LR range test."""
+    """One optimizer step over a batch (indices into whole-tensor splits, or a loader's Batch):
+    micro-batches (accumulation), autocast, loss scaling, clipping; the loss is the task's.
+    Shared by training and the LR range test."""
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        data: DataSplits,
+        data: DataSplits | DatasetSplits,
         train: TrainSpec,
         seed: int,
         task: FittedTask | None = None,
     ) -> None:
         self.model, self.optimizer, self.data, self.train = model, optimizer, data, train
         self.task = task if task is not None else default_task(data, train)
-        self.device = data.train_x.device
+        self.device = data.train_y.device
         self.dtype = amp_dtype(self.device, train.precision)
         # fp16 needs loss scaling to keep small gradients; bf16 has fp32's range and does not.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype is torch.float16)
@@ -76,23 +78,24 @@ class Stepper:
         self.channels_last = speed.channels_last(model, self.device)  # as build() laid the model out
         self.augment_gen = torch.Generator(device=self.device).manual_seed(seed + 1)  # augmentation draws
 
-    def step(self, batch: torch.Tensor, meter: Meter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, batch: torch.Tensor | Batch, meter: Meter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed loss, pre-clipping gradient norm), both on the device; ``meter`` gets each
         micro-batch's outputs and targets."""
         data, train = self.data, self.train
+        transform = data.train_transform if isinstance(data, DataSplits) else None
         loss_sum = torch.zeros((), device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in batch.tensor_split(train.accumulate):  # accumulate: same math, less memory
-            x, y = data.train_x[micro], data.train_y[micro]
-            if data.train_transform is not None:
-                x = data.train_transform(x, self.augment_gen)
+        for micro in self._micro_batches(batch):  # accumulate: same math, less memory
+            x, y = micro.x, micro.y
+            if transform is not None:
+                x = transform(x, self.augment_gen)
             x = speed.as_input(data.inputs(x), self.channels_last)
             with autocast(self.device, self.dtype):
-                out = self.model(x)
+                out = forward(self.model, x, micro.mask)
                 loss = self.task.loss(out, y)
             # weight each micro-batch by its share so the sum is the full batch's mean loss
-            self.scaler.scale(loss * (len(micro) / len(batch))).backward()
-            loss_sum += loss.detach().float() * len(micro)
+            self.scaler.scale(loss * (len(y) / len(batch))).backward()
+            loss_sum += loss.detach().float() * len(y)
             if meter is not None:
                 meter.update(out.detach(), y)
         self.scaler.unscale_(self.optimizer)
@@ -104,12 +107,22 @@ class Stepper:
         self.scaler.update()
         return loss_sum, norm
 
+    def _micro_batches(self, batch: torch.Tensor | Batch) -> Iterator[Batch]:
+        """The step's micro-batches: a loader's Batch cut in ``accumulate`` parts, or the rows of
+        the whole-tensor splits at each part of a batch of indices (read one part at a time)."""
+        if isinstance(batch, Batch):
+            yield from batch.split(self.train.accumulate)
+            return
+        assert isinstance(self.data, DataSplits)
+        for micro in batch.tensor_split(self.train.accumulate):
+            yield Batch(self.data.train_x[micro], self.data.train_y[micro])
+
 
 def fit(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
-    data: DataSplits,
+    data: DataSplits | DatasetSplits,
     train: TrainSpec,
     *,
     seed: int,
@@ -118,11 +131,13 @@ def fit(
     on_epoch_end: OnEpochEnd | None = None,
     compiled: speed.CompiledForwards | None = None,
     task: FittedTask | None = None,
+    loading: DataSpec | None = None,
 ) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
     ``compiled``: the process's compiled forwards (train.compile), reused by its later trials.
-    ``task``: the loss and metrics (default: classification)."""
+    ``task``: the loss and metrics (default: classification). ``loading``: the DataLoader
+    options when ``data`` is DatasetSplits (default: the spec's defaults)."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
     if train.compile:
         net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
@@ -130,9 +145,62 @@ def fit(
         net = model
     stepper = Stepper(net, optimizer, data, train, seed, task)
     device = stepper.device
-    per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     order_gen = torch.Generator().manual_seed(seed)  # batch order
     generators = {"order": order_gen, "augment": stepper.augment_gen}
+    loaders = None
+    if isinstance(data, DatasetSplits):
+        settings = LoaderSettings.resolve(loading if loading is not None else DataSpec(), device)
+        loaders = TrialLoaders(
+            data,
+            settings,
+            batch_size=train.batch_size,
+            eval_batch_size=train.eval_batch_size,
+            order=order_gen,
+            seed=seed,
+            device=device,
+        )
+        generators["loader_workers"] = loaders.worker_gen
+    try:
+        return _fit_epochs(
+            net,
+            model,
+            optimizer,
+            scheduler,
+            data,
+            train,
+            stepper,
+            order_gen,
+            generators,
+            loaders,
+            report=report,
+            resume=resume,
+            on_epoch_end=on_epoch_end,
+        )
+    finally:
+        if loaders is not None:
+            loaders.close()
+
+
+def _fit_epochs(
+    net: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data: DataSplits | DatasetSplits,
+    train: TrainSpec,
+    stepper: Stepper,
+    order_gen: torch.Generator,
+    generators: dict[str, torch.Generator],
+    loaders: TrialLoaders | None,
+    *,
+    report: Report,
+    resume: checkpoint.Resume | None,
+    on_epoch_end: OnEpochEnd | None,
+) -> list[dict[str, float]]:
+    """fit's epochs: ``net`` trains (``model`` itself, or its compiled forward); the batches come
+    from ``loaders`` (the DataLoader path) or by index from the whole-tensor splits."""
+    device = stepper.device
+    per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     history: list[dict[str, float]] = []
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     if resume is not None:
@@ -150,7 +218,13 @@ def fit(
         meter = stepper.task.meter("train")
         norm_sum = torch.zeros((), device=device)
         seen = steps = 0
-        for batch in train_batches(data, train.batch_size, order_gen):
+        batches: Iterator[torch.Tensor] | Iterator[Batch]
+        if loaders is not None:
+            batches = loaders.train_epoch()
+        else:
+            assert isinstance(data, DataSplits)
+            batches = train_batches(data, train.batch_size, order_gen)
+        for batch in batches:
             batch_loss, norm = stepper.step(batch, meter)
             if scheduler is not None and not per_epoch_scheduler:
                 scheduler.step()
@@ -163,7 +237,7 @@ def fit(
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        val = evaluate(net, data, train.eval_batch_size, stepper.dtype, stepper.task)
+        val = evaluate(net, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
         if per_epoch_scheduler:
             scheduler.step(val["val_loss"])
         metrics = epoch_metrics(
@@ -229,22 +303,43 @@ def epoch_metrics(
 
 def evaluate(
     model: nn.Module,
-    data: DataSplits,
+    data: DataSplits | DatasetSplits,
     batch_size: int,
     dtype: torch.dtype | None = None,
     task: FittedTask | None = None,
+    loaders: TrialLoaders | None = None,
 ) -> dict[str, float]:
     """The task's metrics on the validation split (``val_loss`` among them; default task:
-    classification, mean cross-entropy and accuracy)."""
+    classification, mean cross-entropy and accuracy). DatasetSplits are read by ``loaders``'
+    validation loader (default: one without workers, for this call)."""
     task = task if task is not None else default_task(data, TrainSpec())
     model.eval()
-    device = data.val_x.device
+    device = data.val_y.device
     meter = task.meter("val")
-    n = data.val_x.shape[0]
     layout = speed.channels_last(model, device)
     with torch.inference_mode(), autocast(device, dtype):
-        for part in eval_batches(n, batch_size):
-            meter.update(model(speed.as_input(data.inputs(data.val_x[part]), layout)).float(), data.val_y[part])
+        if isinstance(data, DataSplits):
+            for part in eval_batches(data.val_x.shape[0], batch_size):
+                meter.update(model(speed.as_input(data.inputs(data.val_x[part]), layout)).float(), data.val_y[part])
+        else:
+            own = loaders is None
+            if loaders is None:
+                loaders = TrialLoaders(
+                    data,
+                    LoaderSettings(),
+                    batch_size=batch_size,
+                    eval_batch_size=batch_size,
+                    order=torch.Generator(),
+                    seed=0,
+                    device=device,
+                )
+            try:
+                for batch in loaders.val_batches():
+                    x = speed.as_input(data.inputs(batch.x), layout)
+                    meter.update(forward(model, x, batch.mask).float(), batch.y)
+            finally:
+                if own:
+                    loaders.close()
     metrics = meter.compute()
     if not math.isfinite(metrics["val_loss"]):
         raise TrialFailed("non-finite loss on the validation split")
