@@ -218,7 +218,10 @@ def test_init_copies_a_shipped_search_space(site: Path, workdir: Path):
     sweeper("init", "--from", "tiny", "--out", "other/spec.yaml", check=True)
     assert (workdir / "other" / "spec.yaml").read_text().endswith(smoke)
     several = sweeper("init", "--from", "mlp")  # sweeper itself ships several spaces using mlp
-    shipped = "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:mnist1d, sweeper:multilabel, sweeper:smoke"
+    shipped = (
+        "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:mnist1d, sweeper:multilabel, "
+        "sweeper:sequences, sweeper:smoke"
+    )
     assert several.returncode == 2
     assert f"'mlp' comes from sweeper, which ships several search spaces: {shipped}" in several.stderr
     make_dist(
