@@ -71,3 +71,41 @@ def test_bad_arguments_are_named():
         registry.get("models", "gru")(input_shape=(1, 8, 8), num_classes=10)
     with pytest.raises(ValueError, match=r"41 positions is longer than max_length \(40\)"):
         registry.get("models", "transformer")(input_shape=(40,), num_classes=10)(torch.randn(2, 41))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_padded_values_change_neither_the_loss_nor_the_gradients(name: str):
+    """The DataLoader path's padding, end to end in training mode: the built-in `sequences` data
+    set's batch collated by pad_collate, the model called with the mask as the trainer calls it,
+    the classification task's loss and metrics. Filling the padded positions with other values
+    gives the very same loss, metrics and gradients (dropout on, drawn from the same seed)."""
+    from sweeper.spec import TrainSpec
+    from sweeper.trial.loading import as_batch, forward
+    from sweeper.trial.trainer import default_task
+
+    data = registry.get("datasets", "sequences")(num_train=16, num_val=8, min_length=6, max_length=20, seed=0)
+    batch = as_batch(data.collate("train", range(16)), torch.device("cpu"))
+    assert batch.mask is not None and not batch.mask.all()  # variable lengths: some padding
+    task = default_task(data, TrainSpec())
+    torch.manual_seed(0)
+    model = registry.get("models", name)(input_shape=data.sample_shape, num_classes=data.num_classes, dropout=0.2)
+    model.train()
+
+    def loss_metrics_grads(x: torch.Tensor) -> tuple[float, dict[str, float], list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(1)  # the same dropout draws
+        out = forward(model, x, batch.mask)
+        loss = task.loss(out, batch.y)
+        loss.backward()
+        meter = task.meter("train")
+        meter.update(out.detach(), batch.y)
+        return loss.item(), meter.compute(), [p.grad.clone() for p in model.parameters()]
+
+    loss, metrics, grads = loss_metrics_grads(batch.x)
+    other = batch.x.clone()
+    padding = ~batch.mask
+    other[padding] = 1_000 * torch.randn(int(padding.sum()), generator=torch.Generator().manual_seed(2))
+    other_loss, other_metrics, other_grads = loss_metrics_grads(other)
+    assert other_loss == loss and other_metrics == metrics
+    assert len(grads) == len(other_grads) and all(torch.equal(a, b) for a, b in zip(grads, other_grads))
+    assert any(g.abs().sum() > 0 for g in grads)  # the gradients are not trivially zero
