@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,6 +82,38 @@ def sweeper(
         raise AssertionError(f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     assert "Traceback" not in proc.stdout + proc.stderr, f"sweeper {' '.join(args)}:\n{proc.stderr}"
     return proc
+
+
+# Runs each command of argv[1] (a JSON list of argument lists) with sweeper's CLI in this one
+# interpreter; prints a JSON list of {"code", "output"}
+_CALLS = """
+import json, sys
+from typer.testing import CliRunner
+from sweeper.cli import app
+runner = CliRunner()
+results = [runner.invoke(app, args, prog_name="sweeper") for args in json.loads(sys.argv[1])]
+print(json.dumps([{"code": r.exit_code, "output": r.output} for r in results]))
+"""
+
+
+def sweeper_calls(python: Path | str, *commands: list[str], cwd: Path, env: dict[str, str] | None = None) -> list[str]:
+    """The outputs of several quick sweeper commands (``plugins``, ``init``, ``validate``...), run
+    by ``python`` (another environment's interpreter) in one process: a new process for each would
+    pay its imports (~5 s) again. Each must exit 0."""
+    proc = subprocess.run(
+        [str(python), "-c", _CALLS, json.dumps(list(commands))],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**(env if env is not None else os.environ), "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for args, result in zip(commands, results, strict=True):
+        assert result["code"] == 0, f"sweeper {' '.join(args)} exited {result['code']}\n{result['output']}"
+        assert "Traceback" not in result["output"]
+    return [r["output"] for r in results]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, sweeper_calls
 
 from sweeper.pluginhost import registry
 
@@ -50,22 +50,23 @@ def test_example_package_in_a_fresh_venv(tmp_path: Path, workdir: Path):
     assert where.startswith(str(target))  # installed into the new venv ...
     assert "gated_mlp" not in {p.name for p in registry.list_plugins()}  # ... and only there
 
-    rows = [
-        line.split("│")[1:6]
-        for line in run(python, "-m", "sweeper", "plugins", cwd=workdir).splitlines()
-        if DIST in line
-    ]
+    listed, shown, _, provenance = sweeper_calls(
+        python,
+        ["plugins"],
+        ["plugins", "show", "lion"],
+        ["init", "--from", "spirals"],
+        ["validate", "spirals.yaml"],
+        cwd=workdir,
+    )
+    rows = [line.split("│")[1:6] for line in listed.splitlines() if DIST in line]
     assert sorted(tuple(c.strip() for c in r[:4]) for r in rows) == [
         ("datasets", "spirals", DIST, "0.1.0"),
         ("models", "gated_mlp", DIST, "0.1.0"),
         ("optimizers", "lion", DIST, "0.1.0"),
         ("search_spaces", "spirals", DIST, "0.1.0"),
     ]
-    shown = " ".join(run(python, "-m", "sweeper", "plugins", "show", "lion", cwd=workdir).split())
+    shown = " ".join(shown.split())
     assert "lr 0.0001 float" in shown and "beta1 0.9 float" in shown and "plugin API 1" in shown
-
-    run(python, "-m", "sweeper", "init", "--from", "spirals", cwd=workdir)
-    provenance = run(python, "-m", "sweeper", "validate", "spirals.yaml", cwd=workdir)
     assert f"dataset.spirals={DIST}==0.1.0, model.gated_mlp={DIST}==0.1.0, optimizer.lion={DIST}==0.1.0" in provenance
     run(
         python,

@@ -252,6 +252,36 @@ def test_trace_fallback_warns_and_other_formats_survive_a_failure(workdir: Path)
     assert json.loads((workdir / "two-paths" / "export.json").read_text())["formats"][0]["error"] == error
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.jit:FutureWarning")
+def test_one_consumer_process_checks_every_file_and_a_dead_one_is_replaced(workdir: Path):
+    import os
+    import signal
+
+    from sweeper.export import export_model, verify
+
+    torch.manual_seed(0)
+    model, data = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval(), gated_data(torch.randn(40, 1, 4, 4))
+    report = export_model(model, data, workdir / "a", ExportSpec(formats=["torchscript", "onnx"]))
+    assert all("error" not in f for f in report["formats"]), report
+    consumer = verify.Consumer.shared()
+    assert consumer.proc.poll() is None  # still up after both checks: they shared it
+    report = export_model(model, data, workdir / "b", ExportSpec(formats=["pt2"]))
+    assert "error" not in report["formats"][0] and verify.Consumer.shared() is consumer
+
+    # a file it cannot load fails its own check only: the same process checks the next file
+    (workdir / "bad.pt").write_bytes(b"not a model")
+    ref = verify.Reference.compute(model, data.val_x, data.val_y, workdir)
+    with pytest.raises(verify.ExportError, match="bad.pt: reloading in a Python process without sweeper failed"):
+        verify.check("torchscript", workdir / "bad.pt", ref, 1e-4)
+    assert verify.Consumer.shared() is consumer and consumer.proc.poll() is None
+
+    # killed (an OOM kill, say): the next check starts a new one
+    os.kill(consumer.proc.pid, signal.SIGKILL)
+    consumer.proc.wait()
+    report = export_model(model, data, workdir / "c", ExportSpec(formats=["torchscript"]))
+    assert "error" not in report["formats"][0] and verify.Consumer.shared() is not consumer
+
+
 def test_int8_quantization_measures_the_accuracy_change(workdir: Path):
     from sweeper.export import export_model
     from sweeper_plugins.datasets import digits

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, write_spec
+from conftest import REPO, sweeper_calls, write_spec
 
 # what deploy/Dockerfile copies into its build: the wheel is built from these alone
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "sweeper", "plugins", "search_spaces")
@@ -66,10 +66,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
+def _env() -> dict[str, str]:
+    """The fresh venv's processes see nothing of this environment but the dependencies' path entry."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 def _run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run(
-        [str(bin_dir / "sweeper"), *args], cwd=cwd, capture_output=True, text=True, timeout=900, env=env
+        [str(bin_dir / "sweeper"), *args], cwd=cwd, capture_output=True, text=True, timeout=900, env=_env()
     )
     assert proc.returncode == 0, f"sweeper {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -94,7 +98,6 @@ def test_the_wheel_holds_every_package_of_the_tree(installed: Path):
 
 
 def test_the_installed_package_runs_a_sweep_to_its_end(installed: Path, workdir: Path):
-    where = _run(installed, "plugins", cwd=workdir)  # and it is the installed copy that answers
     python = installed / "python"
     found = subprocess.check_output(
         [python, "-c", "import sweeper, sweeper_plugins; print(sweeper.__file__, sweeper_plugins.__file__)"],
@@ -102,9 +105,11 @@ def test_the_installed_package_runs_a_sweep_to_its_end(installed: Path, workdir:
         text=True,
     )
     assert str(REPO) not in found and str(installed.parent) in found, found
-    assert "mlp" in where.stdout
-
-    _run(installed, "init", "--from", "smoke", "--out", "spec.yaml", cwd=workdir)  # a search space the wheel ships
+    # the quick commands in one interpreter of the installed package; the sweep by its console script
+    listed, _ = sweeper_calls(
+        python, ["plugins"], ["init", "--from", "smoke", "--out", "spec.yaml"], cwd=workdir, env=_env()
+    )
+    assert "mlp" in listed  # and a search space the wheel ships was copied:
     write_spec(workdir / "spec.yaml", export={"formats": ["torchscript", "pt2", "onnx"]})
     _run(
         installed, "run", "spec.yaml", "search.n_trials=2", "train.epochs=2", "--out", "runs/w", "--quiet", cwd=workdir
@@ -115,8 +120,13 @@ def test_the_installed_package_runs_a_sweep_to_its_end(installed: Path, workdir:
     exported = json.loads((out / "export.json").read_text())
     assert {e["format"] for e in exported["formats"] if "error" not in e} == {"torchscript", "pt2", "onnx"}
 
-    _run(installed, "report", str(out), "--out", "again.html", cwd=workdir)
-    assert (workdir / "again.html").stat().st_size > 10_000
     np.save(workdir / "x.npy", np.zeros((2, 1, 4, 4), dtype=np.float32))
-    predicted = _run(installed, "predict", str(out / "model.onnx"), "x.npy", cwd=workdir)
-    assert predicted.stdout.strip()
+    _, predicted = sweeper_calls(
+        python,
+        ["report", str(out), "--out", "again.html"],
+        ["predict", str(out / "model.onnx"), "x.npy"],
+        cwd=workdir,
+        env=_env(),
+    )
+    assert (workdir / "again.html").stat().st_size > 10_000
+    assert predicted.strip()

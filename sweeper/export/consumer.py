@@ -1,13 +1,19 @@
 """Load an exported model file and run it on NumPy arrays, with no sweeper import.
 
 This module is self-contained on purpose (it imports only the standard library, NumPy, torch
-and onnxruntime): the parity check runs its source text in a fresh ``python -c`` process to
+and onnxruntime): the parity check runs its source text in a ``python -c`` process that never imports sweeper to
 prove that a consumer without sweeper gets the eager model's outputs, and ``sweeper predict``
 imports it. Copy it as a starting point for serving code.
 
     python -c "$(cat consumer.py)" job.json   # job: {"model": PATH, "inputs": {key: x.npy}, "out": DIR}
 
 writes ``DIR/<key>.npy`` (the model's outputs for each input) and ``DIR/result.json``.
+
+    python -c "$(cat consumer.py)" --serve    # one job path per line on stdin, until stdin closes
+
+runs each job as above and answers each line with one line on stdout: "ok", or "error: " and
+the exception (the parity check keeps one such process for all the files it checks: the cost
+of a new process, torch's import, is paid once).
 """
 
 import json
@@ -70,5 +76,18 @@ def main(job_path):
         json.dump(result, f)
 
 
+def serve():
+    """Jobs from stdin, one path per line; one answer line per job on stdout."""
+    answers, sys.stdout = sys.stdout, sys.stderr  # what a model prints must not look like an answer
+    for line in sys.stdin:
+        try:
+            main(line.strip())
+            answer = "ok"
+        except Exception as exc:  # the job's failure is its answer; the next job still runs
+            answer = f"error: {type(exc).__name__}: {exc}"
+        answers.write(" ".join(answer.split()) + "\n")  # one line, whatever the message
+        answers.flush()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    serve() if sys.argv[1] == "--serve" else main(sys.argv[1])

@@ -1,16 +1,23 @@
 """Prove an exported file computes what the eager model computes, from a process without sweeper.
 
 The eager model's outputs are computed once (``Reference``); each file is then loaded by
-``consumer.py``'s source text in a fresh ``python -c`` process, which reads the inputs from .npy
-files and writes its outputs back as .npy, and the two are compared here.
+``consumer.py``'s source text in a ``python -c`` process that never imports sweeper (``Consumer``),
+which reads the inputs from .npy files and writes its outputs back as .npy, and the two are
+compared here.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import os
+import select
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,23 +66,95 @@ def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
 
 
 def run_consumer(model_file: Path, ref: Reference) -> dict[str, Any]:
-    """Outputs of ``model_file`` for the reference inputs, from a fresh Python process."""
-    source = (Path(__file__).with_name("consumer.py")).read_text()
+    """Outputs of ``model_file`` for the reference inputs, from a Python process without sweeper."""
     with tempfile.TemporaryDirectory(dir=ref.folder) as out:
         inputs = {f"batch{b}": str(ref.folder / f"batch{b}.npy") for b in ref.batches}
         inputs["val"] = str(ref.folder / "val.npy")
         job = Path(out) / "job.json"
         job.write_text(json.dumps({"model": str(model_file.resolve()), "inputs": inputs, "out": out}))
-        # cwd=out: nothing of this project is importable by accident from the working folder
-        proc = subprocess.run(
-            [sys.executable, "-c", source, str(job)], cwd=out, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
-        )
-        if proc.returncode != 0:
-            tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-            raise ExportError(f"{model_file.name}: reloading in a fresh Python process failed ({tail})")
+        answer = Consumer.shared().run(job)
+        if answer != "ok":
+            raise ExportError(f"{model_file.name}: reloading in a Python process without sweeper failed ({answer})")
         result = json.loads((Path(out) / "result.json").read_text())
         result["outputs"] = {key: np.load(Path(out) / f"{key}.npy") for key in inputs}
     return result
+
+
+class Consumer:
+    """consumer.py's source text running in its own Python process (``--serve``), which never
+    imports sweeper: it loads and runs one exported file per job. One process serves every
+    check of this process (a new one costs seconds: Python, NumPy, torch), and a new one is
+    started after one that died or hung."""
+
+    _shared: Consumer | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        # cwd: an empty folder of its own, so nothing of this project is importable by accident
+        self.owner = os.getpid()
+        self.folder = Path(tempfile.mkdtemp(prefix="sweeper-consumer-"))
+        self.log = open(self.folder / "stderr.log", "w+b")  # noqa: SIM115 (closed in close())
+        source = Path(__file__).with_name("consumer.py").read_text()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", source, "--serve"],
+            cwd=self.folder,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+
+    @classmethod
+    def shared(cls) -> Consumer:
+        """This process's consumer, started on first use and stopped when the process exits."""
+        with cls._lock:
+            mine = cls._shared is not None and cls._shared.owner == os.getpid()  # not a forked copy
+            if cls._shared is None or not mine or cls._shared.proc.poll() is not None:
+                if cls._shared is None:
+                    atexit.register(cls._close_shared)
+                elif mine:
+                    cls._shared.close()
+                cls._shared = cls()
+            return cls._shared
+
+    @classmethod
+    def _close_shared(cls) -> None:
+        if cls._shared is not None and cls._shared.owner == os.getpid():
+            cls._shared.close()
+
+    def run(self, job: Path) -> str:
+        """The answer to one job: "ok", or why it failed. A consumer that dies or does not
+        answer within CHECK_TIMEOUT_S is stopped (the next job gets a new one)."""
+        with self._lock:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            try:
+                self.proc.stdin.write(f"{job}\n")
+                self.proc.stdin.flush()
+            except OSError:
+                return self._died()
+            ready, _, _ = select.select([self.proc.stdout], [], [], CHECK_TIMEOUT_S)
+            if not ready:
+                self.close()
+                return f"no answer within {CHECK_TIMEOUT_S} s"
+            answer = self.proc.stdout.readline().strip()
+            return answer.removeprefix("error: ") if answer else self._died()
+
+    def _died(self) -> str:
+        code = self.proc.wait()
+        self.log.seek(0)
+        lines = self.log.read().decode(errors="replace").strip().splitlines()
+        self.close()
+        return lines[-1] if lines else f"exit {code}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.log):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dict[str, Any]:
