@@ -27,7 +27,8 @@ def main() -> None:
 
     import torch
 
-    from sweeper.export import export_model, verify
+    from sweeper.export import EXAMPLE_ROWS, export_model, verify
+    from sweeper.export.inputs import Cases, Signature
     from sweeper.spec import ExportSpec
     from sweeper_plugins.datasets import synthetic
     from sweeper_plugins.models import resnet18
@@ -42,7 +43,8 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        verify.Reference.compute(model, data.inputs(data.val_x), data.val_y, Path(tmp))
+        cases = Cases.of(data, Signature.of(data), EXAMPLE_ROWS)
+        verify.Reference.compute(model, cases, data.val_y, Path(tmp))
         print(f"eager reference (batches 1, 33 and validation): {time.perf_counter() - started:.2f} s")
         started = time.perf_counter()
         report = export_model(model, data, Path(tmp) / "out", ExportSpec(quantize=args.quantize))

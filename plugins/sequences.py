@@ -8,7 +8,7 @@ any model (the mask, left at None, is not an input of the exported graph)."""
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 import torch.nn.functional as F
@@ -147,7 +147,8 @@ class TransformerNet(nn.Module):
     """Linear embedding of each position + sinusoidal positions -> ``depth`` encoder blocks ->
     LayerNorm -> mean pooling over positions -> Linear."""
 
-    positions: torch.Tensor  # (max_length, width), a buffer
+    if TYPE_CHECKING:  # not at run time: TorchScript cannot read the annotation (a string here)
+        positions: torch.Tensor  # (max_length, width), a buffer
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import bind_args
 
@@ -225,12 +225,21 @@ def _run_onnx(path: Path, x: torch.Tensor) -> np.ndarray:
 
 def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
     """Build the data set twice with ``seed``; check the DataSplits contract (dtypes, shapes,
-    label range, finite inputs), determinism, and the batch augmentation if it has one."""
+    label range, finite inputs), determinism, and the batch augmentation if it has one; or the
+    DatasetSplits contract (the DataLoader path: _check_dataset_splits)."""
     from sweeper.trial.build import dataset_args
 
     factory, args, report = _start("datasets", name, args)
     data = factory(**dataset_args(factory, args, seed))
-    _expect(isinstance(data, DataSplits), report, "returns sweeper.plugin.DataSplits", f"got {type(data).__name__}")
+    if isinstance(data, DatasetSplits):
+        _check_dataset_splits(data, factory(**dataset_args(factory, args, seed)), seed, report)
+        return report
+    _expect(
+        isinstance(data, DataSplits),
+        report,
+        "returns sweeper.plugin.DataSplits or DatasetSplits",
+        f"got {type(data).__name__}",
+    )
     for split in ("train", "val"):
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         x = data.inputs(x)  # the model inputs (input_transform applied)
@@ -272,6 +281,64 @@ def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed:
         _expect(a.shape == batch.shape and a.dtype == batch.dtype, report, "train_transform keeps shape and dtype")
         _expect(torch.equal(a, b), report, "train_transform is determined by its generator")
     return report
+
+
+CHECKED_SAMPLES = 8  # samples of each split a DatasetSplits check collates
+
+
+def _check_dataset_splits(data: DatasetSplits, again: DatasetSplits, seed: int, report: CheckReport) -> None:
+    """DatasetSplits: each split as long as its targets (int64 class indices), its first samples
+    collated into (x, y) or (x, y, mask) with finite floating-point model inputs shaped like
+    ``sample_shape`` (a mask: (N, L) bool, L at most the longest length, sample_shape[-1]), the
+    collated targets those of train_y/val_y, and the same seed giving the same targets and batches."""
+    from sweeper.trial.loading import first_batch
+
+    _expect(data.num_classes >= 2, report, "num_classes >= 2", f"got {data.num_classes}")
+    if data.class_names is not None:
+        _expect(len(data.class_names) == data.num_classes, report, "one class name per class")
+    for split in ("train", "val"):
+        dataset, y = getattr(data, split), getattr(data, f"{split}_y")
+        _expect(
+            y.dtype == torch.int64 and y.ndim == 1 and len(dataset) == len(y) > 0,
+            report,
+            f"{split} holds as many samples as {split}_y (int64, (N,), N > 0) has rows",
+            f"got {len(dataset)} samples and {split}_y {y.dtype} {tuple(y.shape)}",
+        )
+        _expect(
+            bool(((y >= 0) & (y < data.num_classes)).all()),
+            report,
+            f"{split}_y holds class indices in [0, num_classes={data.num_classes})",
+        )
+        batch = first_batch(data, split, CHECKED_SAMPLES)
+        x, n = data.inputs(batch.x), len(batch.y)
+        _expect(torch.equal(batch.y, y[:n]), report, f"{split}'s collated targets are {split}_y's, in order")
+        _expect(
+            x.is_floating_point() and bool(torch.isfinite(x).all()),
+            report,
+            f"{split} samples collate into finite floating-point inputs",
+            f"got {x.dtype}",
+        )
+        shape, sample = tuple(x.shape[1:]), tuple(data.sample_shape)
+        if batch.mask is None:
+            _expect(shape == sample, report, f"{split} batches are (N, *sample_shape)", f"got {shape} vs {sample}")
+            continue
+        _expect(
+            shape[:-1] == sample[:-1] and shape[-1] <= sample[-1],
+            report,
+            f"padded {split} batches are (N, ..., L) with L at most sample_shape[-1]",
+            f"got {shape} vs {sample}",
+        )
+        _expect(
+            batch.mask.dtype == torch.bool and tuple(batch.mask.shape) == (n, shape[-1]),
+            report,
+            f"the mask of a padded {split} batch is bool (N, L)",
+            f"got {batch.mask.dtype} {tuple(batch.mask.shape)}",
+        )
+        _expect(bool(batch.mask[:, 0].all()), report, f"every {split} sample holds data at its first position")
+    same = all(torch.equal(getattr(data, f), getattr(again, f)) for f in ("train_y", "val_y"))
+    first, second = (first_batch(d, "train", CHECKED_SAMPLES) for d in (data, again))
+    same = same and torch.equal(first.x, second.x)
+    _expect(same, report, f"same seed ({seed}), same splits")
 
 
 # --- optimizers -------------------------------------------------------------------------------

@@ -258,6 +258,7 @@ def test_one_consumer_process_checks_every_file_and_a_dead_one_is_replaced(workd
     import signal
 
     from sweeper.export import export_model, verify
+    from sweeper.export.inputs import Cases, Signature
 
     torch.manual_seed(0)
     model, data = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval(), gated_data(torch.randn(40, 1, 4, 4))
@@ -270,7 +271,8 @@ def test_one_consumer_process_checks_every_file_and_a_dead_one_is_replaced(workd
 
     # a file it cannot load fails its own check only: the same process checks the next file
     (workdir / "bad.pt").write_bytes(b"not a model")
-    ref = verify.Reference.compute(model, data.val_x, data.val_y, workdir)
+    cases = Cases.of(data, Signature.of(data), example_rows=8)
+    ref = verify.Reference.compute(model, cases, data.val_y, workdir)
     with pytest.raises(verify.ExportError, match="bad.pt: reloading in a Python process without sweeper failed"):
         verify.check("torchscript", workdir / "bad.pt", ref, 1e-4)
     assert verify.Consumer.shared() is consumer and consumer.proc.poll() is None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import learned, sweeper, write_spec, write_tiny_cifar
+from mlflow.tracking import MlflowClient
 
 from sweeper.plugin import pad_collate
 
@@ -89,12 +90,42 @@ def test_validate_estimate_names_the_data_path(tmp_path: Path):
     assert "# data path: DataLoader, no workers" in out
 
 
-def test_padded_sequences_with_export_formats_are_refused(tmp_path: Path):
+def test_padded_sequences_export_with_a_dynamic_length_and_skip_the_registry(workdir: Path, mlflow_uri: str):
+    """A sweep on padded sequences, tracking on: the best model exports to TorchScript, .pt2 and
+    ONNX taking (x, mask), each file checked without sweeper at two lengths (and the whole padded
+    validation split); the MLflow registration is skipped, and the summary says why."""
+    spec = {
+        **SEQUENCES,
+        "name": "padded-export",
+        "search": {"n_trials": 1},
+        "train": {**SEQUENCES["train"], "epochs": 1},
+        "tracking": {"experiment": "padded-export"},
+        "export": {"formats": ["torchscript", "pt2", "onnx"]},
+    }
+    out = run(workdir, "padded", spec)
+    report = json.loads((out / "export.json").read_text())
+    assert report["input"]["shape"] == [None, None] and report["input"]["length_dim"] == 1
+    assert report["input"]["max_length"] == 24 and report["input"]["mask"]["dtype"] == "bool"
+    for entry in report["formats"]:
+        assert "error" not in entry, entry
+        lengths = {case.split("x")[1] for case in entry["parity_max_abs_diff"]}
+        assert len(lengths) == 2 and entry["max_abs_diff"] <= 1e-4  # two lengths, one file
+        assert entry["val_acc"] == entry["eager_val_acc"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "skipped" in summary["registry"] and "mask" in summary["registry"]["skipped"]
+    assert MlflowClient(mlflow_uri).search_registered_models(filter_string="name='padded-export'") == []
+
+
+def test_a_recurrent_model_on_padded_sequences_refuses_pt2(tmp_path: Path):
     path = tmp_path / "s.yaml"
-    path.write_text(json.dumps({**SEQUENCES, "export": {"formats": ["onnx"]}}))
+    spec = {**SEQUENCES, "model": {"plugin": "gru", "args": {"hidden": 16}}, "search": {"n_trials": 1}}
+    path.write_text(json.dumps({**spec, "export": {"formats": ["onnx", "pt2"]}}))
     proc = sweeper("validate", str(path))
     assert proc.returncode == 2
-    assert "export.formats" in proc.stderr and "mask" in proc.stderr and "formats: []" in proc.stderr
+    assert "export.formats" in proc.stderr and "nn.GRU" in proc.stderr and "drop pt2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    path.write_text(json.dumps({**spec, "export": {"formats": ["torchscript", "onnx"]}}))
+    sweeper("validate", str(path), check=True)
 
 
 def test_a_train_transform_on_the_loader_path_is_refused(tmp_path: Path):

@@ -1,6 +1,8 @@
 """Export a trained model to every asked format, verify each file, describe them in export.json.
 
-formats.py writes the files, verify.py checks them from a process without sweeper,
+inputs.py says what the exported model takes (x, or x and a mask for padded sequences, with a
+dynamic length) and which inputs the check runs, formats.py writes the files, verify.py checks
+them from a process without sweeper,
 consumer.py is that process's (self-contained) code, publish.py registers the model in MLflow,
 trial_run.py exports a finished trial later from its MLflow run, predict.py runs a file
 (`sweeper predict`).
@@ -19,6 +21,7 @@ from torch import nn
 
 from sweeper import files
 from sweeper.export import formats, verify
+from sweeper.export.inputs import Cases, Masked, Signature
 from sweeper.export.verify import ExportError
 from sweeper.plugin import DatasetSplits, DataSplits, FittedTask
 from sweeper.spec import ExportSpec
@@ -42,17 +45,15 @@ def export_model(
     and returns the report (``out_dir/export.json``). ``task``: the trial's task, whose head
     ends the exported model and whose ``output_info`` says what its output means (default:
     classification logits)."""
-    model = exportable(model, task).eval().cpu()
+    signature = Signature.of(data)
+    model = exportable(model, task, signature).eval().cpu()
     out_dir.mkdir(parents=True, exist_ok=True)
-    val_x = data.val_inputs().detach().cpu().float()  # model inputs (input_transform applied)
-    example = val_x[:EXAMPLE_ROWS]
-    if len(example) < 2:
-        example = example.expand(2, *example.shape[1:]).clone()
+    cases = Cases.of(data, signature, EXAMPLE_ROWS)  # model inputs (input_transform applied)
     entries: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sweeper-export-") as tmp:
-        ref = verify.Reference.compute(model, val_x, data.val_y, Path(tmp))
+        ref = verify.Reference.compute(model, cases, data.val_y, Path(tmp))
         for fmt in names or spec.formats:
-            entries.append(_one(fmt, _writer(fmt, model, example), out_dir, ref, spec.atol))
+            entries.append(_one(fmt, _writer(fmt, model, cases.example, signature), out_dir, ref, spec.atol))
         onnx_ok = any(e["format"] == "onnx" and "error" not in e for e in entries)
         if spec.quantize and onnx_ok:
             src = out_dir / formats.FORMATS["onnx"].file
@@ -66,7 +67,7 @@ def export_model(
             entries.append(entry)
     report: dict[str, Any] = {
         "source": source or {},
-        "input": {"shape": [None, *data.input_shape], "dtype": "float32", "batch_dim": 0},
+        "input": signature.describe(),
         "output": task.output_info()
         if task is not None
         else {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
@@ -74,7 +75,7 @@ def export_model(
         "class_names": list(data.class_names) if data.class_names else None,
         "atol": spec.atol,
         **({"eager_val_acc": ref.val_acc} if ref.val_acc is not None else {}),
-        "val_size": int(len(val_x)),
+        "val_size": int(len(data.val_y)),
         "formats": entries,
     }
     path = out_dir / "export.json"
@@ -83,17 +84,20 @@ def export_model(
     return report
 
 
-def exportable(model: nn.Module, task: FittedTask | None) -> nn.Module:
+def exportable(model: nn.Module, task: FittedTask | None, signature: Signature | None = None) -> nn.Module:
     """``model`` as exported: followed by its task's head when it has one (a regression's
-    standardised outputs back to the data's units)."""
+    standardised outputs back to the data's units); taking ``(x, mask)`` when ``signature`` says
+    the data is padded."""
     head = task.head() if task is not None else None
+    if signature is not None and signature.masked:
+        return Masked(model, head)
     return model if head is None else nn.Sequential(model, head)
 
 
-def _writer(fmt: str, model: Any, example: Any) -> Callable[[Path], dict[str, Any]]:
+def _writer(fmt: str, model: Any, example: Any, signature: Signature) -> Callable[[Path], dict[str, Any]]:
     """Writes ``model`` in ``fmt`` to a path (the format is looked up when it writes: an unknown
     one is the entry's error)."""
-    return lambda path: formats.FORMATS[fmt].write(model, example, path)
+    return lambda path: formats.FORMATS[fmt].write(model, example, path, signature)
 
 
 def _one(

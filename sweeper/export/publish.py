@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from sweeper.export.inputs import Signature
 from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import Objective, choose
@@ -21,6 +22,10 @@ from sweeper.track.mlflow import TAG
 
 ALIAS = "champion"
 EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dynamic
+PADDED_SKIP = (
+    "not registered: the model takes padded sequences and their mask (x, mask), and MLflow's "
+    "pytorch flavour passes its pyfunc one tensor; the exported files (export.json) take both"
+)
 
 
 def register(
@@ -35,7 +40,8 @@ def register(
     """Log ``model`` (as exported: with its task's head; ``outputs`` wide, default num_classes)
     (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
-    move the alias when ``values`` (its objectives' values, by metric) beat the champion's."""
+    move the alias when ``values`` (its objectives' values, by metric) beat the champion's.
+    A model of padded sequences is not registered (the result says why: ``skipped``)."""
     import mlflow
     import torch
     from mlflow.exceptions import MlflowException
@@ -44,6 +50,8 @@ def register(
     from mlflow.types import Schema, TensorSpec
 
     name = spec.export.registered_name or spec.name
+    if Signature.of(data).masked:
+        return {"name": name, "skipped": PADDED_SKIP}
     client = MlflowClient(tracking_uri)
     example = data.val_inputs(EXAMPLE_ROWS).detach().cpu().float().numpy()
     signature = ModelSignature(  # -1: any batch size

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from sweeper.errors import TrialFailed
+from sweeper.export.inputs import Cases
 
-ODD_BATCH = 33  # the larger batch of the parity check: odd, so no power-of-two kernel path hides a bug
 CHECK_TIMEOUT_S = 600  # one file's reload + run; a hang must not hold the sweep forever
 
 
@@ -38,27 +38,37 @@ class ExportError(TrialFailed):
 
 @dataclass
 class Reference:
-    """Inputs (as .npy files in ``folder``) and the eager model's outputs for them."""
+    """The check's inputs (as .npy files in ``folder``) and the eager model's outputs for them:
+    ``parity`` by case (batch sizes 1 and 33: "1", "33"; padded sequences: two lengths, as
+    "ROWSxLENGTH"), and the whole validation split ("val")."""
 
     folder: Path
-    batches: dict[int, np.ndarray]  # batch size -> eager outputs of the first rows of val_x
+    parity: dict[str, np.ndarray]  # case -> eager outputs
+    files: dict[str, list[str]]  # case or "val" -> its arrays' .npy files: [x] or [x, mask]
     val_y: np.ndarray
     val_acc: float | None  # when the targets are class indices (int64, (N,)): else not compared
 
     @classmethod
-    def compute(cls, model: nn.Module, val_x: torch.Tensor, val_y: torch.Tensor, folder: Path) -> Reference:
+    def compute(cls, model: nn.Module, cases: Cases, val_y: torch.Tensor, folder: Path) -> Reference:
         from sweeper.export.consumer import predict
 
-        x, y = val_x.detach().cpu().float().numpy(), val_y.detach().cpu().numpy()
-        eager = lambda a: model(torch.from_numpy(a)).numpy()  # noqa: E731
+        def eager(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+            args = [torch.from_numpy(x)] + ([] if mask is None else [torch.from_numpy(mask)])
+            return model(*args).numpy()
+
+        arrays = {key: [t.detach().cpu().numpy() for t in inputs] for key, inputs in cases.parity.items()}
+        arrays["val"] = [t.detach().cpu().numpy() for t in cases.val]
+        files: dict[str, list[str]] = {}
+        for key, parts in arrays.items():
+            files[key] = [str(folder / f"{key}.{i}.npy") for i in range(len(parts))]
+            for part, file in zip(parts, files[key]):
+                np.save(file, part)
         with torch.no_grad():
-            batches = {b: eager(x[:b]) for b in sorted({1, min(ODD_BATCH, len(x))})}
-            val_logits = predict(eager, x)
-        for b in batches:
-            np.save(folder / f"batch{b}.npy", x[:b])
-        np.save(folder / "val.npy", x)
+            parity = {key: eager(*parts) for key, parts in arrays.items() if key != "val"}
+            val_logits = predict(eager, *arrays["val"])
+        y = val_y.detach().cpu().numpy()
         classes = val_y.dtype == torch.int64 and val_y.ndim == 1
-        return cls(folder, batches, y, accuracy(val_logits, y) if classes else None)
+        return cls(folder, parity, files, y, accuracy(val_logits, y) if classes else None)
 
 
 def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
@@ -68,8 +78,7 @@ def accuracy(logits: np.ndarray, y: np.ndarray) -> float:
 def run_consumer(model_file: Path, ref: Reference) -> dict[str, Any]:
     """Outputs of ``model_file`` for the reference inputs, from a Python process without sweeper."""
     with tempfile.TemporaryDirectory(dir=ref.folder) as out:
-        inputs = {f"batch{b}": str(ref.folder / f"batch{b}.npy") for b in ref.batches}
-        inputs["val"] = str(ref.folder / "val.npy")
+        inputs = ref.files
         job = Path(out) / "job.json"
         job.write_text(json.dumps({"model": str(model_file.resolve()), "inputs": inputs, "out": out}))
         answer = Consumer.shared().run(job)
@@ -158,8 +167,8 @@ class Consumer:
 
 
 def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dict[str, Any]:
-    """Reload ``model_file`` without sweeper and compare with the eager model: max |diff| at each
-    batch size within ``atol`` and the same validation accuracy. ``atol=None`` (a quantized file)
+    """Reload ``model_file`` without sweeper and compare with the eager model: max |diff| at each parity
+    case (batch size, or length) within ``atol`` and the same validation accuracy. ``atol=None`` (a quantized file)
     measures the differences without requiring them to be small."""
     result = run_consumer(model_file, ref)
     if result["sweeper_modules"]:
@@ -168,7 +177,7 @@ def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dic
             f"an exported file must load without sweeper"
         )
     outputs = result["outputs"]
-    parity = {str(b): float(np.abs(outputs[f"batch{b}"] - expected).max()) for b, expected in ref.batches.items()}
+    parity = {case: float(np.abs(outputs[case] - expected).max()) for case, expected in ref.parity.items()}
     report = {
         "parity_max_abs_diff": parity,
         "max_abs_diff": max(parity.values()),
@@ -178,10 +187,11 @@ def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dic
         report.update(val_acc=accuracy(outputs["val"], ref.val_y), eager_val_acc=ref.val_acc)
     if atol is None:
         return report
-    for batch, diff in parity.items():
+    for case, diff in parity.items():
         if not diff <= atol:  # also catches NaN
+            where = f"batch size {case}" if case.isdigit() else f"batch {case} (rows x length)"
             raise ExportError(
-                f"{fmt}: {model_file.name} differs from the eager model at batch size {batch}: "
+                f"{fmt}: {model_file.name} differs from the eager model at {where}: "
                 f"max |diff| {diff:.3g} > atol {atol:g} (export.atol)"
             )
     if ref.val_acc is not None and report["val_acc"] != ref.val_acc:

@@ -143,6 +143,8 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
     registry = summary.get("registry")
     if registry and "error" in registry:
         console.print(f"[red]registry[/]: {registry['error']}")
+    elif registry and "skipped" in registry:
+        console.print(f"[yellow]registry[/]: {registry['name']} {registry['skipped']}", soft_wrap=True)
     elif registry:
         console.print(
             f"registered: {registry['model_uri']}; {'[green]champion[/]' if registry['champion'] else 'not champion'}"

@@ -85,7 +85,6 @@ def dry_build(spec: SweepSpec) -> DryBuild:
                         _check_splits(raw)
                         _check_path(config, raw)
                         prepared[key] = for_path(raw, config.data.path)
-                        _check_padding(config, prepared[key])
                 except _Failed as failed:
                     raise _refusal(config, failed, values, None) from failed.error
             data = prepared[key]
@@ -154,6 +153,7 @@ def _build_and_step(config: SweepSpec, data: DataSplits | DatasetSplits) -> list
         task = build_task(config, data)
     with _blame("model", "building it"):
         model = build_model(config, data, task)
+    _check_padded_export(config, model, batch.mask is not None)
     with _blame("optimizer", "building it"):
         optimizer = build_optimizer(config, model)
     warnings = _overridden(config, "optimizer", optimizer, dict(config.optimizer.args))
@@ -284,16 +284,19 @@ def _check_path(config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
         raise UserError(f"{refusal} (dataset plugin '{config.dataset.plugin}')")
 
 
-def _check_padding(config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
-    """Padded batches (a collate_fn that returns a mask) train and validate, but an exported
-    model takes one input tensor, without the mask: its outputs on padded inputs would differ."""
-    if isinstance(data, DataSplits) or not config.export.formats:
+def _check_padded_export(config: SweepSpec, model: torch.nn.Module, padded: bool) -> None:
+    """Padded batches (a collate_fn that returns a mask) export as (x, mask) with a dynamic length
+    axis (sweeper/export/inputs.py). torch.export (pt2) cannot keep that axis dynamic through a
+    recurrent layer: it unrolls nn.GRU/LSTM/RNN into one step per position of its example."""
+    if not padded or "pt2" not in config.export.formats:
         return
-    if first_batch(data, "train", 2).mask is not None:
+    rnn = next((type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)), None)
+    if rnn is not None:
         raise UserError(
-            f"export.formats: {list(config.export.formats)}: dataset plugin '{config.dataset.plugin}' pads "
-            f"variable-length sequences (its collate_fn returns a mask), and an exported model takes no "
-            f"mask; set export: {{formats: []}}"
+            f"export.formats: {list(config.export.formats)}: model plugin '{config.model.plugin}' has an "
+            f"nn.{rnn} and dataset plugin '{config.dataset.plugin}' pads variable-length sequences; "
+            f"torch.export (pt2) unrolls a recurrent layer into one step per position, which fixes the "
+            f"exported model's sequence length; drop pt2 (torchscript and onnx export it with a dynamic length)"
         )
 
 
