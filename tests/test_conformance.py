@@ -119,6 +119,18 @@ def test_builtins_conform():
     assert "resumes identically from state_dict (checkpoints)" in check_optimizer_plugin("adamw").passed
 
 
+def test_a_dataset_returning_dataset_splits_conforms():
+    """The DataLoader path's contract: the built-in padded sequences pass the data set checks."""
+    report = check_dataset_plugin("sequences", args={"num_train": 32, "num_val": 16})
+    assert {
+        "train holds as many samples as train_y (int64, (N,), N > 0) has rows",
+        "padded val batches are (N, ..., L) with L at most sample_shape[-1]",
+        "the mask of a padded train batch is bool (N, L)",
+        "train's collated targets are train_y's, in order",
+        "same seed (0), same splits",
+    } <= set(report.passed)
+
+
 def test_wrong_output_shape_fails(bad):
     with pytest.raises(
         AssertionError,

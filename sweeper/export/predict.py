@@ -68,12 +68,17 @@ def _batch(x: np.ndarray, info: dict[str, Any], source: Path) -> np.ndarray:
     shape = (info.get("input") or {}).get("shape")
     if shape is None:
         return x
-    sample = tuple(shape[1:])
-    if x.shape == sample:
+    sample = tuple(shape[1:])  # None: a dynamic axis (a padded sequence's length)
+
+    def fits(got: tuple[int, ...]) -> bool:
+        return len(got) == len(sample) and all(want is None or want == n for n, want in zip(got, sample))
+
+    if fits(x.shape):
         return x[None]  # one sample: a batch of one
-    if x.shape[1:] != sample:
+    if not fits(x.shape[1:]):
+        shown = ", ".join("L" if n is None else str(n) for n in sample)
         raise UserError(
-            f"{source}: shape {list(x.shape)}; the model expects (N, {', '.join(map(str, sample))}) "
-            f"or one sample ({', '.join(map(str, sample))}), normalised as export.json says"
+            f"{source}: shape {list(x.shape)}; the model expects (N, {shown}) or one sample ({shown}), "
+            f"normalised as export.json says"
         )
     return x
