@@ -219,7 +219,7 @@ def test_init_copies_a_shipped_search_space(site: Path, workdir: Path):
     assert (workdir / "other" / "spec.yaml").read_text().endswith(smoke)
     several = sweeper("init", "--from", "mlp")  # sweeper itself ships several spaces using mlp
     shipped = (
-        "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:mnist1d, sweeper:multilabel, "
+        "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:image_folder, sweeper:mnist1d, sweeper:multilabel, "
         "sweeper:sequences, sweeper:smoke, sweeper:tabular"
     )
     assert several.returncode == 2
