@@ -51,7 +51,7 @@ def test_unknown_name_lists_what_is_available():
         UserError,
         match=r"unknown dataset plugin 'digit'\. Did you mean 'digits'\?.*"
         r"Available: cifar10, diabetes, digits, image_folder, mnist1d, sequences, synthetic, synthetic_multilabel, "
-        r"tabular",
+        r"tabular, torchvision",
     ):
         registry.get("datasets", "digit")
 
