@@ -71,3 +71,52 @@ def test_an_unknown_name_exits_2_with_a_suggestion(workdir: Path):
     proc = sweeper("run", str(SPACES / "torchvision.yaml"), *FAST, "dataset.args.name=FashionMnist", "--out", "out")
     message = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "no data set 'FashionMnist' (did you mean 'FashionMNIST'?)" in message, message
+
+
+# --- the model zoos ---------------------------------------------------------------------------
+
+ZOO = {
+    "name": "zoo",
+    "seed": 0,
+    "dataset": {
+        "plugin": "synthetic",
+        "args": {"num_train": 64, "num_val": 32, "input_shape": [1, 16, 16], "num_classes": 3},
+    },
+    "model": {"plugin": "torchvision_model", "args": {"arch": "resnet18"}},
+    "optimizer": {"plugin": "adamw", "args": {"lr": 1.0e-3}},
+    "train": {"epochs": 1, "batch_size": 16, "device": "cpu"},
+    "search": {"n_trials": 2, "space": {"optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2}}},
+    "tracking": {"enabled": False},
+    "export": {"formats": ["torchscript"]},
+}
+
+
+def test_a_torchvision_architecture_on_one_channel_sweeps_and_exports(workdir: Path):
+    (workdir / "zoo.yaml").write_text(json.dumps(ZOO))
+    sweeper("run", "zoo.yaml", "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    report = json.loads((workdir / "out" / "export.json").read_text())
+    assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
+    assert report["input"]["shape"] == [None, 1, 16, 16]  # the first convolution rebuilt for 1 channel
+    [export] = report["formats"]
+    assert export["format"] == "torchscript" and "error" not in export and export["max_abs_diff"] <= 1e-4, export
+
+
+def test_other_architectures_adapt_to_the_data_and_misspelt_ones_are_refused(workdir: Path):
+    from sweeper_plugins.vision_models import torchvision_model
+
+    for arch in ("mobilenet_v3_small", "vit_b_16"):  # a depthwise-separable CNN; a ViT at the data's size
+        model = torchvision_model(input_shape=(2, 32, 32), num_classes=4, arch=arch).eval()
+        assert model(torch.randn(2, 2, 32, 32)).shape == (2, 4)
+    (workdir / "zoo.yaml").write_text(json.dumps(ZOO))
+    proc = sweeper("validate", "zoo.yaml", "model.args.arch=resnet181")
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "no classification model 'resnet181' (did you mean 'resnet18'?)" in message
+
+
+def test_the_timm_plugin_without_timm_exits_2_naming_the_extra(workdir: Path):
+    (workdir / "zoo.yaml").write_text(json.dumps(ZOO))
+    proc = sweeper("run", "zoo.yaml", "model.plugin=timm", "--out", "out")
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "pip install 'sweeper[timm]'" in message, message
+    assert not (workdir / "out" / "summary.json").exists()
