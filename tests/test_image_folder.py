@@ -15,6 +15,7 @@ from conftest import SPACES, sweeper
 from PIL import Image
 
 from sweeper.plugin import DatasetSplits, DataSplits
+from sweeper.testing import check_dataset_plugin
 from sweeper_plugins.image_folder import image_folder
 
 CLASSES = ("red", "green", "blue")  # the class is the dominant colour: learnable in an epoch or two
@@ -52,13 +53,16 @@ def test_images_are_decoded_once_into_a_cache_keyed_on_the_files(tmp_path: Path)
     assert isinstance(data, DataSplits) and data.train_x.dtype == torch.uint8
     assert data.train_x.shape[1:] == (3, 8, 8) and len(data.train_y) + len(data.val_y) == 12
     assert data.class_names == ("blue", "green", "red")  # sorted folder names
+    assert (
+        "same seed (0), same splits" in check_dataset_plugin("image_folder", args={"root": str(root), "size": 8}).passed
+    )
     [cached] = (root / ".sweeper-cache").glob("*.npy")
     again = image_folder(root=str(root), size=8, seed=1)  # read back, not decoded
     assert torch.equal(again.train_x, data.train_x) and list((root / ".sweeper-cache").glob("*.npy")) == [cached]
     os.utime(root / "red" / "000.png", ns=(1, 1))  # a touched image: a new cache
     image_folder(root=str(root), size=8, seed=1)
     image_folder(root=str(root), size=6, grayscale=True, seed=1)  # other pixels: another cache
-    assert len(list((root / ".sweeper-cache").glob("*.npy"))) == 3
+    assert len(list((root / ".sweeper-cache").glob("*.npy"))) == 3  # (the conformance check read the first)
     assert image_folder(root=str(root), size=6, grayscale=True).input_shape == (1, 6, 6)
     loader = image_folder(root=str(root), size=8, seed=1, max_memory_mb=0)  # too big: the DataLoader path
     assert isinstance(loader, DatasetSplits) and loader.val_y.tolist() == data.val_y.tolist()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import SPACES, sweeper
 
-from sweeper.testing import check_model_plugin
+from sweeper.testing import check_dataset_plugin, check_model_plugin
 from sweeper_plugins.tabular import tabular, tabular_mlp
 
 # 2 trials x 2 epochs, TorchScript only (ONNX's exporter costs 10 s more)
@@ -75,6 +75,7 @@ def test_preprocessing_is_fitted_on_the_training_split_only(tmp_path: Path):
     assert data.class_names == ("no", "yes") and data.train_y.dtype == torch.int64
     model = tabular_mlp(input_shape=data.input_shape, num_classes=2, features=features)
     assert [e.num_embeddings for e in model.embeddings] == [4, 5]
+    assert check_dataset_plugin("tabular", args={"path": str(path), "categorical": ["shape"]}).passed  # the contract
     check = check_model_plugin("tabular_mlp", input_shape=(6,), num_classes=3, export=False)  # no features
     assert not check.warnings and "gradients are finite" in check.passed
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from conftest import SPACES, sweeper
 
+from sweeper.testing import check_dataset_plugin
 from sweeper_plugins.vision_data import torchvision_dataset
 
 # a sweep of 2 trials x 2 epochs on the fake MNIST, no export
@@ -52,6 +53,7 @@ def test_a_fake_mnist_in_torchvisions_format_is_read_and_swept(workdir: Path):
     assert data.num_classes == 10 and data.class_names is not None and data.class_names[0] == "0 - zero"
     assert data.normalization is not None and data.normalization["scale"] == 1 / 255
     assert torchvision_dataset(name="MNIST", root="data/torchvision", limit=50).train_x.shape[0] == 45
+    assert check_dataset_plugin("torchvision", args={"name": "MNIST", "root": "data/torchvision"}).passed
     sweeper("run", str(SPACES / "torchvision.yaml"), *FAST, "--out", "out", "-q", check=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
