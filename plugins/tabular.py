@@ -216,7 +216,7 @@ def tabular_mlp(
     hidden: Width = 128,
     depth: Depth = 2,
     dropout: Probability = 0.1,
-    embedding_dim: Annotated[int, Field(ge=1, le=1_024)] | None = None,
+    embedding_dim: Annotated[int | None, Field(ge=1, le=1_024)] = None,
 ) -> nn.Module:
     """An MLP over a table's rows: an embedding per categorical column (``embedding_dim`` wide;
     unset: 1.6 * categories**0.56, at most 32), concatenated with the numeric columns, then

@@ -49,10 +49,13 @@ KNOWN = (
 
 
 def _where_files_go(name: str, root: Path) -> str:
+    from torchvision import datasets
+
+    mnist_family = issubclass(getattr(datasets, name), datasets.MNIST)  # idx files in root/<name>/raw
+    layout = f", the idx files in {root.absolute() / name / 'raw'}" if mnist_family else ""
     return (
-        f"torchvision reads {name} from {root.absolute()} (dataset.args.root) in its own layout, e.g. "
-        f"{root.absolute() / name / 'raw'} for the MNIST family. dataset.args.download: true fetches it "
-        f"(needs internet); false reads only what is on disk."
+        f"torchvision reads {name} from {root.absolute()} (dataset.args.root) in its own layout{layout}. "
+        f"dataset.args.download: true fetches it (needs internet); false reads only what is on disk."
     )
 
 

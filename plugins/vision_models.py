@@ -52,7 +52,7 @@ def torchvision_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     arch: str = "resnet18",
-    dropout: Annotated[float, Field(ge=0.0, le=1.0)] | None = None,
+    dropout: Annotated[float | None, Field(ge=0.0, le=1.0)] = None,
 ) -> nn.Module:
     """torchvision's classification architecture ``arch`` (``resnet18``, ``mobilenet_v3_small``,
     ``efficientnet_b0``, ``convnext_tiny``, ``vit_b_16``, ...; ``torchvision.models.list_models``),
