@@ -76,6 +76,11 @@ def test_preprocessing_is_fitted_on_the_training_split_only(tmp_path: Path):
     model = tabular_mlp(input_shape=data.input_shape, num_classes=2, features=features)
     assert [e.num_embeddings for e in model.embeddings] == [4, 5]
     assert check_dataset_plugin("tabular", args={"path": str(path), "categorical": ["shape"]}).passed  # the contract
+    counts = tabular(path=str(path), target="shape", drop=["target"], target_type="number")  # an int to regress
+    assert counts.train_y.dtype == torch.float32 and counts.num_classes == 0 and counts.features is not None
+    assert counts.features.numeric == ("x1", "x2") and counts.features.categorical == ("colour",)
+    with pytest.raises(ValueError, match=r"no column 'price' in .*table.csv; its columns: x1, x2, colour"):
+        tabular(path=str(path), target="price")
     check = check_model_plugin("tabular_mlp", input_shape=(6,), num_classes=3, export=False)  # no features
     assert not check.warnings and "gradients are finite" in check.passed
 
