@@ -48,6 +48,7 @@ class Classification:
                 raise ValueError(
                     f"{split}_y must hold int64 class indices of shape (N,) for task 'classification'; "
                     f"got {y.dtype} of shape {tuple(y.shape)}"
+                    + ("; the data set gives float targets: set task: regression" if y.is_floating_point() else "")
                 )
             if not bool(((y >= 0) & (y < data.num_classes)).all()):
                 raise ValueError(f"{split}_y must hold class indices in [0, num_classes={data.num_classes})")
@@ -168,6 +169,7 @@ class Regression:
                 raise ValueError(
                     f"{split}_y must hold float targets of shape (N,) or (N, targets) for task 'regression'; "
                     f"got {y.dtype} of shape {tuple(y.shape)}"
+                    + ("; the data set gives class labels: set task: classification" if y.dtype == torch.int64 else "")
                 )
             if not bool(torch.isfinite(y).all()):
                 raise ValueError(f"{split}_y holds NaN or infinite targets")

@@ -438,7 +438,9 @@ def show(
         doc = (inspect.getdoc(factory) or "").strip().split("\n\n")[0].replace("\n", " ")
         if doc:
             out.print(f"  about         {doc}")
-        out.print(f"  set by sweeper: {', '.join(INJECTED[p.kind])}")
+        accepted = binding.accepted_args(factory)  # None: **kwargs, takes whatever sweeper passes
+        injected = [a for a in INJECTED[p.kind] if accepted is None or a in accepted]
+        out.print(f"  set by sweeper: {', '.join(injected) or 'nothing'}")
         table = Table("argument", "default", "type", title=None, box=None, padding=(0, 2))
         for row in binding.describe_args(p.kind, factory):
             table.add_row(*row)

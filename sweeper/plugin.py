@@ -9,7 +9,9 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
   memory, per-sample work, variable-length sequences with ``pad_collate``).
 - ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``;
   ``num_classes`` is the model's output width, which the task sets (classes, labels or
-  regression targets).
+  regression targets). A factory that declares ``features`` also gets the data set's
+  ``TabularFeatures`` (None for data without columns): which input columns are categorical codes
+  and how many categories each has, for its embeddings.
 - ``sweeper.optimizers``: ``factory(params, **args) -> torch.optim.Optimizer``
   (``torch.optim.SGD`` itself qualifies).
 - ``sweeper.schedules``: ``factory(optimizer, *, epochs, steps_per_epoch, **args)`` returning an
@@ -65,6 +67,7 @@ __all__ = [
     "OptimizerFactory",
     "ScheduleFactory",
     "SeededDatasetFactory",
+    "TabularFeatures",
     "Task",
     "TaskFactory",
     "UnseededDatasetFactory",
@@ -88,11 +91,42 @@ FUSABLE_ATTR = "sweeper_fusable"
 # Arguments sweeper passes itself, per kind; a spec may not set them.
 INJECTED = {
     "datasets": ("seed",),
-    "models": ("input_shape", "num_classes"),
+    "models": ("input_shape", "num_classes", "features"),
     "optimizers": ("params",),
     "schedules": ("optimizer", "epochs", "steps_per_epoch"),
     "tasks": (),
 }
+
+
+@dataclass(frozen=True)
+class TabularFeatures:
+    """The columns of a tabular sample ``x`` (float32, shape (F,)): the numeric columns first,
+    standardised with the training split's ``mean`` and ``std``, then the categorical columns as
+    integer codes (stored as floats): 0 for a value the training split never held (or a missing
+    one), ``k`` for ``vocabularies[column][k - 1]``. A model factory that declares ``features``
+    gets it (embeddings sized by ``cardinalities``); export.json records it (``as_dict``) for
+    consumers that turn raw rows into model inputs."""
+
+    numeric: tuple[str, ...] = ()
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    categorical: tuple[str, ...] = ()
+    vocabularies: tuple[tuple[str, ...], ...] = ()  # per categorical column, the training split's values
+
+    @property
+    def cardinalities(self) -> tuple[int, ...]:
+        """Codes per categorical column: its vocabulary plus code 0 (unseen or missing)."""
+        return tuple(len(v) + 1 for v in self.vocabularies)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "numeric": [{"name": n, "mean": m, "std": s} for n, m, s in zip(self.numeric, self.mean, self.std)],
+            "categorical": [
+                {"name": n, "codes_from": 1, "unseen_code": 0, "categories": list(v)}
+                for n, v in zip(self.categorical, self.vocabularies)
+            ],
+            "order": "numeric columns (x - mean) / std, then categorical codes, as float32",
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,6 +154,9 @@ class DataSplits:
     # The scaling and per-channel normalisation between raw samples and model inputs (applied to
     # the tensors or by input_transform); exported with the model for its consumers.
     normalization: dict[str, list[float]] | None = None
+    # A tabular data set's columns (numeric statistics, category vocabularies): injected into model
+    # factories that declare ``features``, recorded in export.json.
+    features: TabularFeatures | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -171,6 +208,9 @@ class DatasetSplits:
     # Collated batch -> model inputs (float), on the training device, as in DataSplits.
     input_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
     normalization: dict[str, list[float]] | None = None
+    # A tabular data set's columns (numeric statistics, category vocabularies): injected into model
+    # factories that declare ``features``, recorded in export.json.
+    features: TabularFeatures | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -219,8 +219,8 @@ def test_init_copies_a_shipped_search_space(site: Path, workdir: Path):
     assert (workdir / "other" / "spec.yaml").read_text().endswith(smoke)
     several = sweeper("init", "--from", "mlp")  # sweeper itself ships several spaces using mlp
     shipped = (
-        "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:mnist1d, sweeper:multilabel, "
-        "sweeper:sequences, sweeper:smoke"
+        "sweeper:cifar, sweeper:diabetes, sweeper:digits, sweeper:image_folder, sweeper:mnist1d, sweeper:multilabel, "
+        "sweeper:sequences, sweeper:smoke, sweeper:tabular, sweeper:torchvision, sweeper:torchvision_model"
     )
     assert several.returncode == 2
     assert f"'mlp' comes from sweeper, which ships several search spaces: {shipped}" in several.stderr

@@ -50,7 +50,8 @@ def test_unknown_name_lists_what_is_available():
     with pytest.raises(
         UserError,
         match=r"unknown dataset plugin 'digit'\. Did you mean 'digits'\?.*"
-        r"Available: cifar10, diabetes, digits, mnist1d, sequences, synthetic, synthetic_multilabel",
+        r"Available: cifar10, diabetes, digits, image_folder, mnist1d, sequences, synthetic, synthetic_multilabel, "
+        r"tabular, torchvision",
     ):
         registry.get("datasets", "digit")
 

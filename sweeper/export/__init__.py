@@ -72,6 +72,8 @@ def export_model(
         if task is not None
         else {"shape": [None, data.num_classes], "dtype": "float32", "meaning": "logits (argmax: class)"},
         "normalization": data.normalization,  # already applied by the data set: apply it before calling
+        # a tabular data set's preprocessing (standardisation, category codes): apply it before calling
+        **({"features": data.features.as_dict()} if data.features is not None else {}),
         "class_names": list(data.class_names) if data.class_names else None,
         "atol": spec.atol,
         **({"eager_val_acc": ref.val_acc} if ref.val_acc is not None else {}),

@@ -169,7 +169,16 @@ def build_model(spec: SweepSpec, data: DataSplits | DatasetSplits, task: FittedT
     task fitted to ``data``, fitted here when not given)."""
     factory = registry.get("models", spec.model.plugin)
     outputs = (task if task is not None else build_task(spec, data)).outputs
-    return factory(input_shape=data.input_shape, num_classes=outputs, **spec.model.args)
+    return factory(input_shape=data.input_shape, num_classes=outputs, **model_args(factory, spec.model.args, data))
+
+
+def model_args(factory: Any, args: dict[str, Any], data: DataSplits | DatasetSplits) -> dict[str, Any]:
+    """``args`` plus the data set's ``features`` when the model factory declares it by name (not
+    to one taking **kwargs: models written before ``features`` forward their kwargs elsewhere)."""
+    accepted = accepted_args(factory)
+    if accepted is not None and "features" in accepted:
+        return {**args, "features": data.features}
+    return dict(args)
 
 
 def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:

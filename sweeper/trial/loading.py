@@ -94,6 +94,7 @@ def as_datasets(data: DataSplits) -> DatasetSplits:
         class_names=data.class_names,
         input_transform=data.input_transform,
         normalization=data.normalization,
+        features=data.features,
     )
 
 
