@@ -409,7 +409,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
         "search.lr_finder.enabled=false",
         "export.formats=[]",
         "search.parallel=1",
-        "train.epochs=3",
+        f"train.epochs={1 if small else 3}",
         f"train.device={'cpu' if small else 'auto'}",
     ]
     out: dict[str, Any] = {}
@@ -452,7 +452,7 @@ def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
             "best_val_acc": max((t["value"] or 0) for t in fused["trials"]),
         }
     # the airbench-sized net: the engine alone, one epoch of CIFAR-shaped data per trial
-    limit, channels, blocks, n, batch = (400, 4, 1, 4, 64) if small else (10_000, 64, 3, 8, 512)
+    limit, channels, blocks, n, batch = (200, 4, 1, 2, 64) if small else (10_000, 64, 3, 8, 512)
     configs = []
     for number in range(n):
         spec = load(
