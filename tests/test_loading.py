@@ -7,6 +7,7 @@ tensor path. The refusals exit 2 naming the YAML path, before any compute."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from conftest import learned, sweeper, write_spec, write_tiny_cifar
 from mlflow.tracking import MlflowClient
 
 from sweeper.plugin import pad_collate
+from sweeper.spec import SweepSpec
+from sweeper.trial.build import load_data
+from sweeper.trial.estimate import tensor_bytes
 
 # Tiny: 2 trials x 2 epochs of 128 short sequences; dropout searched, so the dropout draws count.
 SEQUENCES = {
@@ -88,6 +92,12 @@ def test_validate_estimate_names_the_data_path(tmp_path: Path):
     path.write_text(json.dumps(SEQUENCES))
     out = sweeper("validate", str(path), "--estimate", "data.num_workers=0", check=True).stdout
     assert "# data path: DataLoader, no workers" in out
+    # the tensor path's need, from the longest sample: float32 of sample_shape per sample, int64 targets
+    spec = SweepSpec.model_validate(SEQUENCES)
+    data = load_data(spec, torch.device("cpu"))[0]
+    samples = len(data.train_y) + len(data.val_y)
+    assert tensor_bytes(data) == samples * (4 * math.prod(data.sample_shape) + 8)
+    assert "; the tensor path would hold " in out and " on cpu" in out
 
 
 def test_padded_sequences_export_with_a_dynamic_length_and_skip_the_registry(workdir: Path, mlflow_uri: str):

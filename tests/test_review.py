@@ -101,6 +101,8 @@ def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
         r"([\d.]+) ms a step, ([\d.]+) ms an evaluation, (\d+) steps an epoch", out
     ).groups()
     assert int(steps) == 8  # 256 training samples, batches of 32
+    # smoke's splits: 320 samples of 1x4x4 float32 and their int64 classes, 22.5 KiB
+    assert "# data path: tensors (whole splits on the device); the splits hold 22.5 KiB on cpu" in out
     trial = float(re.search(r"# a trial: ([\d.]+) s \(3 epochs\)", out).group(1))
     assert abs(trial - 3 * (8 * float(step) + float(evaluation)) / 1000) <= 0.1  # the printed figures' rounding
     bound = float(re.search(r"5 trials, 2 side by side\): at most ([\d.]+) s", out).group(1))

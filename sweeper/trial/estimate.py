@@ -20,7 +20,7 @@ from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.trial.batching import train_batches
 from sweeper.trial.build import build_model, build_optimizer, build_task, load_data
-from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders
+from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, first_batch
 from sweeper.trial.seeding import configure_torch, threads_per_trial
 from sweeper.trial.trainer import Stepper, evaluate, resolve_device
 
@@ -40,6 +40,9 @@ class Estimate:
     workers: int  # trials side by side
     timeout_s: float | None
     data_path: str = "tensors (whole splits on the device)"  # how trials read the data (trial/loading.py)
+    # bytes of both splits held whole on the device (samples as stored, and targets): what the
+    # tensor path holds, or would hold for a DatasetSplits (from its first sample's size)
+    tensor_bytes: int | None = None
 
     @property
     def trial_s(self) -> float:
@@ -60,7 +63,7 @@ class Estimate:
         lines = [
             f"# estimate on {self.device} ({self.threads} thread(s) a trial): {self.step_s * 1000:.1f} ms a step, "
             f"{self.eval_s * 1000:.1f} ms an evaluation, {self.steps_per_epoch} steps an epoch",
-            f"# data path: {self.data_path}",
+            f"# data path: {self.data_path}" + ("" if self.tensor_bytes is None else f"; {self._held()}"),
             f"# a trial: {_duration(self.trial_s)} ({self.epochs} epochs)",
             f"# the sweep ({trials}, {self.workers} side by side): at most "
             + (_duration(bound) if bound is not None else "unbounded")
@@ -68,6 +71,32 @@ class Estimate:
             + "; pruned trials make it shorter",
         ]
         return "\n".join(lines)
+
+    def _held(self) -> str:
+        size = _bytes(self.tensor_bytes or 0)
+        if self.data_path.startswith("tensors"):
+            return f"the splits hold {size} on {self.device}"
+        return f"the tensor path would hold {size} on {self.device}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def tensor_bytes(data: DataSplits | DatasetSplits) -> int:
+    """Bytes of both splits as whole tensors: the samples as stored and the targets. For a
+    DatasetSplits, every sample the size of its first one as collated (variable lengths: the
+    longest, ``sample_shape``)."""
+    targets = data.train_y.nbytes + data.val_y.nbytes
+    if isinstance(data, DataSplits):
+        return data.train_x.nbytes + data.val_x.nbytes + targets
+    first = first_batch(data, "train", 1).x
+    per_sample = math.prod(data.sample_shape) * first.element_size()
+    return (len(data.train_y) + len(data.val_y)) * per_sample + targets
 
 
 def _duration(seconds: float) -> str:
@@ -121,6 +150,7 @@ def estimate(spec: SweepSpec) -> Estimate:
         workers,
         search.timeout,
         path,
+        tensor_bytes(data),
     )
 
 
