@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import learned, sweeper, write_spec, write_tiny_cifar
+from conftest import SPACES, learned, sweeper, write_spec, write_tiny_cifar
 from mlflow.tracking import MlflowClient
 
 from sweeper.plugin import pad_collate
@@ -155,3 +155,13 @@ def test_loader_workers_under_parallel_worker_processes_are_refused(tmp_path: Pa
     proc = sweeper("validate", str(spec))
     assert proc.returncode == 2
     assert "data.num_workers" in proc.stderr and "search.parallel" in proc.stderr
+
+
+def test_the_shipped_sequences_space_sweeps_and_exports(workdir: Path):
+    """search_spaces/sequences.yaml cut to seconds: padded sequences through a DataLoader, the
+    architecture searched, the best model exported (x, mask) and checked at two lengths."""
+    small = ["dataset.args.num_train=128", "dataset.args.num_val=64", "search.n_trials=2", "train.epochs=1"]
+    sweeper("run", str(SPACES / "sequences.yaml"), *small, "tracking.enabled=false", "--out", "out", "-q", check=True)
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    assert summary["counts"] == {"complete": 2}
+    assert {f["format"] for f in summary["export"]["formats"] if "error" not in f} == {"torchscript", "onnx"}
