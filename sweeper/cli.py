@@ -213,6 +213,10 @@ def validate(
 
     sweep = resolve(load(spec, overrides or []))
     check_plugins(sweep)
+    if sweep.search.warm_start:
+        from sweeper.search.optuna import earlier
+
+        earlier.check(sweep, None)  # each earlier sweep is there and measured the same objective
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo(f"# budget: {sweep.budget()}")

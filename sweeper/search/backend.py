@@ -56,6 +56,8 @@ class SearchContext:
 class SearchResult:
     records: list[TrialRecord]  # every trial of the sweep, by number
     storage: str  # where the backend keeps its state (a re-run resumes from it)
+    # summary.json entries the backend adds (Optuna: space_version, space_versions)
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -201,6 +201,8 @@ def _serve(
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
     if prepared.lr_finder is not None:
         summary["lr_finder"] = prepared.lr_finder
+    if prepared.warm_start is not None:
+        summary["warm_start"] = prepared.warm_start
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     files = [out_dir / "spec.yaml"]
     if summary["best"] is not None and spec.export.formats:
@@ -275,6 +277,7 @@ def summarize(
         "out_dir": str(out_dir),
         **standing,
         "storage": result.storage,
+        **result.summary,
         "mlflow": {
             "tracking_uri": redact(tracker.uri),
             "experiment": tracker.experiment,

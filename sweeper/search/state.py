@@ -33,6 +33,7 @@ class Prepared(BaseModel):
     lr_range: tuple[float, float] | None = None  # the narrowed search range of optimizer.args.lr
     enqueue: list[dict[str, Any]] = []  # params of the trials to run first
     lr_finder: dict[str, Any] | None = None  # summary.json's lr_finder entry
+    warm_start: dict[str, Any] | None = None  # summary.json's warm_start entry: what earlier sweeps gave
     fresh: bool = False  # prepared by this process just now (not stored)
 
     def apply(self, spec: SweepSpec) -> SweepSpec:

@@ -139,7 +139,7 @@ def prepare(spec: SweepSpec, out_dir: Path, cache: ProcessCache | None = None) -
         sort_keys=True,
         default=str,
     )
-    cached = _read_cache(cache_path, key)
+    cached = _read_cache(cache_path, key) or _earlier_cache(spec, key)
     findings = []
     for i, config in enumerate(configurations(spec)):
         entry = cached.get(json.dumps(config, sort_keys=True))
@@ -163,6 +163,15 @@ def _release(spec: SweepSpec, cache: ProcessCache) -> None:
     if spec.search.backend != "optuna" or spec.search.parallel > 1:
         cache.data.forget()
     release_device_memory()
+
+
+def _earlier_cache(spec: SweepSpec, key: str) -> dict[str, Any]:
+    """The range tests an earlier sweep (a search.warm_start output folder) ran with the same
+    key: the same data, model, optimizer, batch size, seed and range-test settings."""
+    for source in spec.search.warm_start:
+        if "://" not in source and (found := _read_cache(Path(source).expanduser() / CACHE, key)):
+            return found
+    return {}
 
 
 def _read_cache(path: Path, key: str) -> dict[str, Any]:

@@ -176,6 +176,7 @@ OPTUNA_ONLY = {
     "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
     "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
     "fuse": "nothing yet: Ray Tune runs one trial per actor",
+    "warm_start": "nothing yet: Ray Tune starts each sweep from scratch",
 }
 
 
@@ -236,6 +237,12 @@ class SearchSpec(_Strict):
         "search.storage is set",
     )
     lr_finder: LRFinderSpec = LRFinderSpec()
+    # Earlier sweeps whose finished trials seed this one (search/optuna/earlier.py): an output
+    # folder, or a storage URL with #study_name. Read once, when the sweep starts.
+    warm_start: list[str] = Field(
+        default_factory=list,
+        description="earlier sweeps to learn from: output folders, or storage URLs (sqlite:///f.db#study)",
+    )
     resources: ResourcesSpec = ResourcesSpec()  # backend ray
     ray: RaySpec = RaySpec()  # backend ray
     space: dict[str, sp.Param] = Field(default_factory=dict)
@@ -269,6 +276,8 @@ class SearchSpec(_Strict):
         _no_password(self.storage, "search.storage", "put it in $PGPASSWORD or ~/.pgpass instead (psycopg reads both)")
         if self.storage is not None:
             check_storage_url(self.storage)
+        for i, source in enumerate(self.warm_start):
+            _check_warm_start(i, source)
         if self.lease_s <= self.heartbeat_s:
             raise ValueError(
                 f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "
@@ -369,6 +378,24 @@ class SearchSpec(_Strict):
                     f"search.{given[0]} configures the Ray backend, but backend is "
                     f"'{self.backend}'; set search.backend: ray or remove search.{given[0]}"
                 )
+
+
+def _check_warm_start(i: int, source: str) -> None:
+    """The form of search.warm_start[i]; that it exists is checked where it is read."""
+    where = f"warm_start[{i}]: {source!r}"
+    if source.startswith("mlflow:"):
+        raise ValueError(
+            f"{where}: MLflow experiments are not a warm-start source yet; give the earlier sweep's "
+            f"output folder or its storage URL (summary.json's 'storage')"
+        )
+    if not source.strip():
+        raise ValueError(f"{where}: empty; give an output folder or a storage URL (sqlite:///f.db#study)")
+    if "://" in source:
+        try:
+            check_storage_url(source.split("#")[0])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {str(exc).removeprefix('search.storage: ')}") from None
+        _no_password(source, f"search.warm_start[{i}]", "put it in $PGPASSWORD or ~/.pgpass instead")
 
 
 def _no_password(value: str | None, field: str, instead: str) -> str | None:

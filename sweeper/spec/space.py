@@ -167,6 +167,38 @@ def suggest(space: dict[str, Param], trial: Suggester) -> dict[str, Any]:
     return chosen
 
 
+def fit(space: dict[str, Param], params: dict[str, Any]) -> dict[str, Any] | None:
+    """``params`` (a trial of an earlier space) as a point of ``space``: parameters the space
+    lacks, or whose ``when`` fails, left out; numbers clipped into their range (ints rounded,
+    onto the step's grid); None when a categorical value is not among the choices (the trial
+    says nothing about this space) or nothing is left. A parameter the trial lacks stays unset:
+    the sampler draws it."""
+    chosen: dict[str, Any] = {}
+    for path, p in ordered(space):
+        if path not in params or not active(p, chosen):
+            continue
+        value = params[path]
+        if isinstance(p, CategoricalParam):
+            if not any(choice == value and type(choice) is type(value) for choice in p.choices):
+                return None
+            chosen[path] = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            chosen[path] = _clip(p, value)
+        else:
+            return None
+    return chosen or None
+
+
+def _clip(p: FloatParam | IntParam, value: float) -> float | int:
+    """``value`` inside ``p``'s range, on its step's grid (an int param: an int)."""
+    inside = min(max(value, p.low), p.high)
+    if p.step is not None and not p.log:
+        steps = round((inside - p.low) / p.step)
+        top = int((p.high - p.low) // p.step)  # the last grid point at or below high
+        inside = p.low + min(steps, top) * p.step
+    return int(round(inside)) if isinstance(p, IntParam) else float(inside)
+
+
 def grid_values(path: str, p: Param) -> list[Any]:
     """The discrete values of one parameter, for the grid sampler."""
     count = grid_count(path, p)

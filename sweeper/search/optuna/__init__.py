@@ -21,7 +21,7 @@ its trials inline or in a local worker pool.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported on use: the adapter (rdb.py) loads without torch
     from sweeper.search.backend import SearchContext, SearchResult
@@ -30,7 +30,11 @@ if TYPE_CHECKING:  # imported on use: the adapter (rdb.py) loads without torch
 
 class OptunaBackend:
     def check(self, spec: SweepSpec, out_dir: Path) -> None:
-        pass  # the spec's own validation covers the Optuna options; the storage opens in store()
+        # the spec's own validation covers the Optuna options; the storage opens in store()
+        if spec.search.warm_start:
+            from sweeper.search.optuna import earlier
+
+            earlier.check(spec, out_dir)  # each earlier sweep is there, comparable, not this one
 
     def store(self, spec: SweepSpec, out_dir: Path):  # -> LedgerStore (imported on use: optuna, sqlalchemy)
         from sweeper.search.optuna.store import LedgerStore
@@ -56,9 +60,15 @@ class OptunaBackend:
                 "search.storage is shared but checkpoints are not published (no MLflow tracking, no "
                 "search.artifact_root): a trial trained on another machine cannot be exported here"
             )
+        versions = store.space_versions()
+        if versions and ctx.role == "run":  # resumed in a changed space: the sweep's run says which
+            ctx.tracker.set_tags(ctx.sweep.parent_run_id, {"space_version": len(versions)})
         pool = executor(spec.search.parallel, coordinator.decide, coordinator.record, ctx.cache, ctx.prestarted)
         try:
             coordinator.run(pool)
         finally:
             pool.close()
-        return SearchResult(coordinator.records(), safe_url(store.url))
+        space: dict[str, Any] = {"space_version": len(versions) or 1}
+        if versions:
+            space["space_versions"] = versions
+        return SearchResult(coordinator.records(), safe_url(store.url), space)

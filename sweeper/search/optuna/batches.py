@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from sweeper.review.study_view import distribution
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.study import BATCH, FINISHED, SLOT, directions, interrupted, make_pruner, make_sampler
 from sweeper.spec import SweepSpec
@@ -35,8 +36,22 @@ class EarlierBatches:
                 for t in self.study.get_trials(deepcopy=True, states=FINISHED)
                 if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch
             ]
-            self.snapshot = (batch, sorted(done, key=lambda t: t.user_attrs.get(SLOT, t.number)))
+            fitted = [f for f in (self._fitted(t) for t in done) if f is not None]
+            self.snapshot = (batch, sorted(fitted, key=lambda t: t.user_attrs.get(SLOT, t.number)))
         return self.snapshot[1]
+
+    def _fitted(self, t: FrozenTrial) -> FrozenTrial | None:
+        """A trial of an earlier space version (the sweep resumed in a changed space) as a point of
+        this space (``space.fit``), which the sampler compares with its own; None if it is none.
+        A trial of this space is itself."""
+        space = self.spec.search.space
+        if all(path in space and d == distribution(space[path]) for path, d in t.distributions.items()):
+            return t
+        params = sp.fit(space, t.params)
+        if params is None:
+            return None
+        t.params, t.distributions = params, {path: distribution(space[path]) for path in params}
+        return t
 
     def view(self, batch: int, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
         """An in-memory study holding the finished trials of the batches before ``batch``."""

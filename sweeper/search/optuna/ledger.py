@@ -62,6 +62,19 @@ MEMBERS = sa.Table(
     sa.Column("left_at", sa.Float),  # it exited cleanly
 )
 
+# The sweep's search spaces, when `sweeper run` resumed it with another search.space: version 1
+# is the space it started with (recorded with the first change), each later one applies from
+# the slot ``first_slot`` on. Created by create_all in databases of an older sweeper too.
+SPACES = sa.Table(
+    "sweeper_spaces",
+    METADATA,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("space", sa.Text, nullable=False),  # JSON: search.space as the spec writes it
+    sa.Column("first_slot", sa.Integer, nullable=False),  # the first trial slot proposed in this space
+    sa.Column("created_at", sa.Float, nullable=False),  # unix time
+)
+
 
 def host_name() -> str:
     """This machine's name in leases and ``sweeper status``: $SWEEPER_HOST, else the host name
@@ -179,6 +192,29 @@ class Ledger:
 
     def request_stop(self) -> bool:
         return self._update(sa.true(), stop=True)
+
+    # --- search spaces --------------------------------------------------------------------------
+
+    def spaces(self) -> list[dict[str, Any]]:
+        """The sweep's space versions, oldest first: [] while it has kept the space it started with."""
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(SPACES).where(SPACES.c.study == self.name).order_by(SPACES.c.version))
+            return [{"version": r.version, "space": json.loads(r.space), "first_slot": r.first_slot} for r in rows]
+
+    def add_space(self, space: dict[str, Any], first_slot: int) -> int:
+        """Record ``space`` as the sweep's next version, from ``first_slot`` on; its version."""
+        version = len(self.spaces()) + 1
+        with self.engine.begin() as db:
+            db.execute(
+                SPACES.insert().values(
+                    study=self.name,
+                    version=version,
+                    space=json.dumps(space),
+                    first_slot=first_slot,
+                    created_at=time.time(),
+                )
+            )
+        return version
 
     # --- claims --------------------------------------------------------------------------------
 

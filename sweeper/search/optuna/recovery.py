@@ -30,6 +30,7 @@ from sweeper.search.optuna.study import (
     OWNER,
     RETRY_OF,
     SLOT,
+    earlier,
     interrupted,
     records,
 )
@@ -156,7 +157,7 @@ class Recovery:
     def _repair(self, sweep: Sweep) -> None:
         """Holding the lock of a process that stopped mid-way: every slot claimed so far gets a
         trial (its batch's proposal, or the retry of its lost attempt)."""
-        trials = self.study.get_trials(deepcopy=False)
+        trials = [t for t in self.study.get_trials(deepcopy=False) if not earlier(t)]  # observations hold no slot
         filled = {t.user_attrs.get(SLOT, t.number) for t in trials if not interrupted(t)}
         for t in trials:
             slot = t.user_attrs.get(SLOT, t.number)

@@ -14,7 +14,7 @@ import yaml
 
 from sweeper.errors import UserError
 from sweeper.search.optuna.ledger import Ledger, find
-from sweeper.search.optuna.study import OWNER, interrupted, safe_url, state
+from sweeper.search.optuna.study import OWNER, earlier, interrupted, safe_url, state
 from sweeper.trial.states import TrialState
 
 RECENT = 10  # throughput: over the last this many finished trials
@@ -47,7 +47,8 @@ def report(url: str, name: str) -> dict[str, Any]:
         ledger.close()
     assert sweep is not None
     lease_s = sweep.spec["search"].get("lease_s", 60)
-    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    # an earlier sweep's observations (search.warm_start) are not this sweep's trials
+    trials = [t for t in optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False) if not earlier(t)]
     counts: dict[str, int] = {}
     for t in trials:
         now_in = TrialState.INTERRUPTED if interrupted(t) else state(t)

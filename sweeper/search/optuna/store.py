@@ -74,6 +74,25 @@ def stored_spec(url: str, name: str | None) -> dict[str, Any]:
     return spec
 
 
+def _spaceless(spec: dict[str, Any]) -> dict[str, Any]:
+    """The trial-defining parts of a spec but its search space."""
+    out = trial_defining(spec)
+    out["search"] = {k: v for k, v in out.get("search", {}).items() if k != "space"}
+    return out
+
+
+def _incompatible(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why a parameter declared ``old`` cannot become ``new`` in the same study (Optuna's storage
+    refuses another kind, log scale or set of choices under one name), or None."""
+    if old["type"] != new["type"]:
+        return f"its type changed from {old['type']} to {new['type']}"
+    if old.get("log", False) != new.get("log", False):
+        return "its log scale changed"
+    if old["type"] == "categorical" and old["choices"] != new["choices"]:
+        return f"its choices changed from {old['choices']} to {new['choices']}"
+    return None
+
+
 class LedgerStore:
     def __init__(self, spec: SweepSpec, out_dir: Path) -> None:
         self.url = studies.storage_url(spec, out_dir)
@@ -90,10 +109,13 @@ class LedgerStore:
         self.joined = True
         self.heartbeat.start()
         if self.ledger.create(mine, spec.search.n_trials, spec.search.timeout, self._existing()):
-            return self._make(make)
+            return self._make(spec, make)
         while True:
             sweep = self._read()
             changed = differences(trial_defining(sweep.spec), trial_defining(mine))
+            if changed and role == "run" and not differences(_spaceless(sweep.spec), _spaceless(mine)):
+                self._new_space(sweep, mine)  # `sweeper run` resumes the sweep in a changed space
+                changed = []
             if changed:
                 raise UserError(
                     f"search.storage {studies.safe_url(self.url)} holds sweep '{spec.name}' with other "
@@ -105,16 +127,58 @@ class LedgerStore:
                 if role == "run":  # `sweeper run` sets the budget and restarts the timeout for everyone
                     self.ledger.restart(mine, spec.search.n_trials, spec.search.timeout)
                 if prepared.tracking_uri != tracking_uri and role == "run" and self.ledger.take_preparation(None):
-                    return self._make(make)
+                    return self._make(spec, make, prepared.warm_start)
                 return prepared
             if not self.ledger.alive(sweep.preparer) and self.ledger.take_preparation(sweep.preparer):
-                return self._make(make)
+                return self._make(spec, make)
             time.sleep(WAIT_S)  # another process prepares it (its LR warm start): wait
 
-    def _make(self, make: Prepare) -> Prepared:
+    def _make(self, spec: SweepSpec, make: Prepare, learned: dict[str, Any] | None = None) -> Prepared:
+        """Prepare the sweep (``make``: its MLflow run, the LR warm start), then learn from the
+        earlier sweeps of search.warm_start; ``learned``: what an earlier preparation learned
+        (the study holds those observations already)."""
         prepared = make()
+        if learned is not None:
+            prepared = prepared.model_copy(update={"warm_start": learned})
+        elif spec.search.warm_start:
+            prepared = self._learn(prepared.apply(spec), prepared)
         self.ledger.publish(prepared.model_dump(mode="json", exclude={"fresh"}))
         return prepared
+
+    def _learn(self, spec: SweepSpec, prepared: Prepared) -> Prepared:
+        """The earlier sweeps' finished trials, fitted to ``spec``'s space (the LR finder's
+        narrowed range included), added as observations; the best few enqueued first."""
+        from sweeper.search.optuna import earlier
+
+        found, learned = earlier.lessons(spec)
+        earlier.seed(spec, self.study, found)
+        first = earlier.best(spec, found)
+        learned.update(observations=len(found), re_evaluated=first)
+        return prepared.model_copy(update={"enqueue": [*first, *prepared.enqueue], "warm_start": learned})
+
+    def _new_space(self, sweep: Sweep, mine: dict[str, Any]) -> None:
+        """Record ``mine``'s search.space as the sweep's next space version (once), after checking
+        that the study can hold its parameters beside the earlier ones."""
+        old, new = sweep.spec["search"]["space"], mine["search"]["space"]
+        versions = self.ledger.spaces()
+        if versions and versions[-1]["space"] == new:
+            return  # recorded by an earlier attempt at this resume
+        for path in sorted(set(old) & set(new)):
+            problem = _incompatible(old[path], new[path])
+            if problem:
+                raise UserError(
+                    f"search.space.{path}: {problem} since the sweep began; a resumed sweep keeps its "
+                    f"trials in one Optuna study, where a parameter keeps its type, log scale and "
+                    f"choices. Keep them, rename the parameter, or start a new sweep (another name or "
+                    f"--out) with search.warm_start: [<this sweep's folder>]"
+                )
+        if not versions:
+            self.ledger.add_space(old, 0)
+        self.ledger.add_space(new, sweep.proposed)
+
+    def space_versions(self) -> list[dict[str, Any]]:
+        """The sweep's space versions ([] while it kept the space it started with)."""
+        return self.ledger.spaces()
 
     def _read(self) -> Sweep:
         sweep = self.ledger.read()

@@ -39,6 +39,9 @@ BATCH = "sweeper_batch"  # reproducible mode: the batch that proposed it
 RETRY_OF = "sweeper_retry_of"  # the number of the trial it retries
 ATTEMPT = "sweeper_attempt"  # a retry: the how-manieth attempt at its slot (the first has none: 1)
 ACCUMULATE = "sweeper_accumulate"  # a retry after out-of-memory: the train.accumulate it runs with
+# user attr of an earlier sweep's trial added as an observation (earlier.py): {source, trial}. The
+# sampler learns from it; it is not one of this sweep's trials (no slot, not in its records)
+EARLIER = "sweeper_earlier"
 OWNER = "sweeper_owner"  # system attr: the member (host:pid:tag) holding the trial's lease
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # sweeper shows trials in its own table
@@ -176,14 +179,20 @@ def interrupted(t: FrozenTrial) -> bool:
     return bool(t.system_attrs.get(INTERRUPTED))
 
 
+def earlier(t: FrozenTrial) -> bool:
+    """An earlier sweep's trial, added as an observation (search.warm_start)."""
+    return EARLIER in t.user_attrs
+
+
 def counted(study: optuna.Study) -> int:
     """Trials that count toward n_trials: finished, excluding those lost to a killed process."""
-    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not interrupted(t))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=FINISHED) if not interrupted(t) and not earlier(t))
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    """Every trial of the study (earlier invocations' and other processes' included)."""
-    return [record(t) for t in study.get_trials(deepcopy=False)]
+    """Every trial of the sweep (earlier invocations' and other processes' included; not the
+    observations an earlier sweep gave: ``earlier``)."""
+    return [record(t) for t in study.get_trials(deepcopy=False) if not earlier(t)]
 
 
 def record(t: FrozenTrial) -> TrialRecord:

@@ -1,0 +1,213 @@
+"""Lessons from earlier sweeps (``search.warm_start``): the finished trials of earlier studies
+seed a new sweep's sampler.
+
+A source is an earlier sweep's output folder (its spec.yaml names the study and its storage) or
+a storage URL, ``sqlite:///f.db#study`` (the study may be left out when the database holds one).
+Each finished trial (complete; pruned, with its last reported value) is fitted to the new space
+(``space.fit``: parameters the space lacks dropped, numbers clipped, a categorical value no
+longer offered drops the trial). The fitted trials are added to the new study once, when the
+sweep is first prepared, in one transaction and in a fixed order (sources as listed, trials by
+number): observations, marked ``EARLIER``, which the sampler learns from and which are not the
+sweep's trials (no slot of the budget, not in its trial table or summary). The parameters of the
+best few complete ones are enqueued as the sweep's first trials: re-evaluated under the new spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
+
+from sweeper.errors import UserError
+from sweeper.review.study_view import distribution
+from sweeper.search.optuna import rdb
+from sweeper.search.optuna.study import EARLIER, directions, earlier, interrupted, make_storage, safe_url, storage_url
+from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
+
+RE_EVALUATED = 3  # the best complete earlier trials run again first: a few, so the budget goes to new points
+SPEC_FILE = "spec.yaml"  # in an output folder: the spec the sweep ran with (runner.py writes it)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one ``search.warm_start`` entry's study is."""
+
+    index: int  # its place in search.warm_start
+    url: str
+    study: str | None  # None: the database's only study
+    folder: Path | None  # an output folder (its LR finder cache is reused too)
+
+    @property
+    def where(self) -> str:
+        return f"search.warm_start[{self.index}]"
+
+
+def sources(spec: SweepSpec) -> list[Source]:
+    """The spec's warm-start sources, resolved (an output folder read for its study)."""
+    out = []
+    for i, entry in enumerate(spec.search.warm_start):
+        if "://" in entry:
+            url, _, name = entry.partition("#")
+            out.append(Source(i, url, name or None, None))
+            continue
+        folder = Path(entry).expanduser()
+        shown = f"search.warm_start[{i}]: {entry!r}"
+        if not folder.is_dir():
+            raise UserError(f"{shown}: no such folder; give an earlier sweep's --out folder or its storage URL")
+        try:
+            earlier_spec = yaml.safe_load((folder / SPEC_FILE).read_text(encoding="utf-8"))
+            name, storage = earlier_spec["name"], earlier_spec["search"].get("storage")
+        except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+            raise UserError(
+                f"{shown}: not a sweep's output folder (no readable {SPEC_FILE} naming its study); "
+                f"give the folder `sweeper run --out` wrote, or a storage URL"
+            ) from None
+        url = storage or f"sqlite:///{(folder / 'optuna.db').resolve()}"
+        out.append(Source(i, url, str(name), folder))
+    return out
+
+
+def check(spec: SweepSpec, out_dir: Path | None) -> None:
+    """Refuse, before anything runs, a source that is not there, holds no such study, is this
+    sweep itself, or measured another objective."""
+    mine = (storage_url(spec, out_dir), spec.name) if out_dir is not None else None
+    for source in sources(spec):
+        _open(spec, source, mine)
+
+
+def _open(spec: SweepSpec, source: Source, mine: tuple[str, str] | None) -> optuna.Study:
+    if source.url.startswith("sqlite:///") and not Path(source.url.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"{source.where}: no study database at {source.url}")  # sqlite would create one
+    storage = make_storage(source.url, spec)
+    names = optuna.get_all_study_names(storage)
+    name = source.study
+    if name is None and len(names) == 1:
+        name = names[0]
+    if name is None or name not in names:
+        raise UserError(
+            f"{source.where}: {safe_url(source.url)} holds no study {name or ''!r}; it holds: "
+            f"{', '.join(names) or 'none'}{'' if name else ' (name one: URL#study)'}"
+        )
+    if mine is not None and (_same_db(source.url, mine[0]) and name == mine[1]):
+        raise UserError(
+            f"{source.where}: that is this sweep's own study; a re-run resumes it already (warm-start "
+            f"from another sweep, or give this one another name)"
+        )
+    study = optuna.load_study(study_name=name, storage=storage)
+    if study.directions != [optuna.study.StudyDirection[d.upper()] for d in directions(spec)]:
+        raise UserError(
+            f"{source.where}: study {name!r} has {len(study.directions)} objective(s) "
+            f"({', '.join(d.name.lower() for d in study.directions)}); this sweep "
+            f"{', '.join(directions(spec))}: its values do not compare"
+        )
+    theirs, ours = study.metric_names, [g.metric for g in spec.goals]
+    if theirs is not None and theirs != ours:
+        raise UserError(
+            f"{source.where}: study {name!r} measured {', '.join(theirs)}; this sweep measures "
+            f"{', '.join(ours)}: its values do not compare"
+        )
+    return study
+
+
+def _same_db(a: str, b: str) -> bool:
+    def norm(url: str) -> str:
+        if url.startswith("sqlite:///"):
+            return "sqlite:///" + str(Path(url.removeprefix("sqlite:///")).resolve())
+        return url
+
+    return norm(a) == norm(b)
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One earlier trial fitted to this sweep's space."""
+
+    source: int  # index in search.warm_start
+    number: int  # its number in its study
+    state: OptunaState  # COMPLETE or PRUNED
+    params: dict[str, Any]  # fitted
+    values: list[float]  # complete: its objective values; pruned: [its last reported value]
+    step: int | None  # pruned: the epoch of that value
+
+
+def lessons(spec: SweepSpec) -> tuple[list[Lesson], dict[str, Any]]:
+    """The finished trials of every source fitted to the space, in order (sources as listed, trials
+    by number), and what was read (summary.json's ``warm_start``)."""
+    read: list[dict[str, Any]] = []
+    out: list[Lesson] = []
+    for source in sources(spec):
+        study = _open(spec, source, None)
+        used = dropped = 0
+        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+            lesson = _lesson(spec, source.index, t)
+            if lesson is None:
+                dropped += t.state in (OptunaState.COMPLETE, OptunaState.PRUNED) and not earlier(t)
+                continue
+            out.append(lesson)
+            used += 1
+        read.append({"source": spec.search.warm_start[source.index], "study": study.study_name, "used": used})
+        if dropped:
+            read[-1]["not_fitting"] = dropped
+    return out, {"sources": read}
+
+
+def _lesson(spec: SweepSpec, source: int, t: FrozenTrial) -> Lesson | None:
+    """``t`` as a lesson, or None: not finished, interrupted, itself an earlier sweep's lesson
+    (its own source says it), or not fitting the space."""
+    if earlier(t) or interrupted(t) or t.state not in (OptunaState.COMPLETE, OptunaState.PRUNED):
+        return None
+    params = sp.fit(spec.search.space, t.params)
+    if params is None:
+        return None
+    if t.state == OptunaState.COMPLETE:
+        if t.values is None or not all(math.isfinite(v) for v in t.values):
+            return None
+        return Lesson(source, t.number, t.state, params, list(t.values), None)
+    if len(spec.goals) > 1 or not t.intermediate_values:  # a pruned trial: its last reported value
+        return None
+    step = max(t.intermediate_values)
+    value = t.intermediate_values[step]
+    return Lesson(source, t.number, t.state, params, [value], step) if math.isfinite(value) else None
+
+
+def best(spec: SweepSpec, found: list[Lesson], k: int = RE_EVALUATED) -> list[dict[str, Any]]:
+    """The fitted params of the best ``k`` complete lessons (by the first objective), distinct."""
+    sign = -1.0 if spec.goals[0].direction == "maximize" else 1.0
+    complete = sorted(
+        (lesson for lesson in found if lesson.state == OptunaState.COMPLETE),
+        key=lambda lesson: (sign * lesson.values[0], lesson.source, lesson.number),
+    )
+    out: list[dict[str, Any]] = []
+    for lesson in complete:
+        if lesson.params not in out:
+            out.append(lesson.params)
+        if len(out) == k:
+            break
+    return out
+
+
+def seed(spec: SweepSpec, study: optuna.Study, found: list[Lesson]) -> None:
+    """Add the lessons to ``study`` as observations, in one transaction; nothing when the study
+    holds any already (added before this process re-prepared the sweep)."""
+    if not found or any(earlier(t) for t in study.get_trials(deepcopy=False)):
+        return
+    rdb.create(study, [_observation(spec, lesson) for lesson in found])
+
+
+def _observation(spec: SweepSpec, lesson: Lesson) -> FrozenTrial:
+    space = spec.search.space
+    return optuna.trial.create_trial(
+        state=lesson.state,
+        values=lesson.values if lesson.state == OptunaState.COMPLETE else None,
+        params=lesson.params,
+        distributions={path: distribution(space[path]) for path in lesson.params},
+        intermediate_values={lesson.step: lesson.values[0]} if lesson.step is not None else None,
+        user_attrs={EARLIER: {"source": spec.search.warm_start[lesson.source], "trial": lesson.number}},
+    )

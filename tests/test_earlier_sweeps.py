@@ -1,0 +1,163 @@
+"""Lessons from earlier sweeps: ``search.warm_start`` seeds a new sweep's sampler with the
+finished trials of an earlier one (from its output folder or its study URL), fitted to the new
+space, the best few re-evaluated first; and a sweep resumed with a changed search space keeps
+its old trials and records the new space as a version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from conftest import sweeper, write_spec
+from mlflow.tracking import MlflowClient
+
+FAST = {"epochs": 1, "batch_size": 32, "device": "cpu"}
+# one range test of 20 steps, its suggestion enqueued: the earlier sweep's cache is reused
+LR_FINDER = {"enabled": True, "steps": 20, "policy": "enqueue"}
+OFF = {"enabled": False}
+
+
+def search(n_trials: int, **changes: object) -> dict[str, object]:
+    return {
+        "sampler": "tpe",
+        "pruner": {"type": "none"},
+        "n_trials": n_trials,
+        "space": {
+            "optimizer.args.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+            "model.args.hidden": {"type": "categorical", "choices": [16, 32]},
+        },
+        **changes,
+    }
+
+
+def spec(path: Path, name: str, n_trials: int, tracking: dict[str, object] = OFF, **changes: object) -> Path:
+    return write_spec(
+        path, name=name, train=FAST, search=search(n_trials, **changes), tracking=tracking, export={"formats": []}
+    )
+
+
+@pytest.fixture(scope="module")
+def earlier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An earlier sweep's output folder: 3 trials (the first at the LR finder's suggestion)."""
+    out = tmp_path_factory.mktemp("earlier") / "a"
+    s = spec(out.parent / "a.yaml", "a", 3, lr_finder=LR_FINDER)
+    sweeper("run", str(s), "--out", str(out), "-q", check=True)
+    return out
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def observations(out: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'optuna.db'}")
+    return [t for t in study.get_trials() if "sweeper_earlier" in t.user_attrs]
+
+
+def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
+    before = summary(earlier)
+    s = spec(workdir / "b.yaml", "b", 2, lr_finder=LR_FINDER, warm_start=[str(earlier)])
+    sweeper("run", str(s), "--out", "b", "-q", check=True)
+    after = summary(workdir / "b")
+
+    # every finished earlier trial is an observation of the new study, not one of its trials
+    seen = observations(workdir / "b", "b")
+    assert [(t.user_attrs["sweeper_earlier"]["trial"], t.params, t.value) for t in seen] == [
+        (t["number"], t["params"], t["value"]) for t in before["trials"]
+    ]
+    assert {t.user_attrs["sweeper_earlier"]["source"] for t in seen} == {str(earlier)}
+    assert len(after["trials"]) == 2  # the budget: this sweep's own trials only
+    assert after["counts"]["complete"] == 2
+    # the best earlier trials are re-evaluated first, with their parameters
+    ranked = sorted(before["trials"], key=lambda t: -t["value"])
+    assert [t["params"] for t in after["trials"]] == [t["params"] for t in ranked[:2]]
+    assert after["warm_start"]["observations"] == 3
+    assert after["warm_start"]["re_evaluated"] == [t["params"] for t in ranked]
+    assert after["best"]["number"] in {t["number"] for t in after["trials"]}  # never an observation
+    # the LR warm start reused the earlier sweep's range test (same data, model, optimizer, seed)
+    assert after["lr_finder"]["findings"][0]["seconds"] == before["lr_finder"]["findings"][0]["seconds"]
+
+
+def test_warm_start_from_a_study_url_fits_the_trials_to_the_new_space(workdir: Path, earlier: Path):
+    before = summary(earlier)
+    url = f"sqlite:///{earlier / 'optuna.db'}#a"
+    narrower = {
+        "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True},
+        "model.args.hidden": {"type": "categorical", "choices": [32, 64]},
+    }
+    s = spec(workdir / "c.yaml", "c", 1, space=narrower, warm_start=[url])
+    sweeper("run", str(s), "--out", "c", "-q", check=True)
+    after = summary(workdir / "c")
+
+    kept = [t for t in before["trials"] if t["params"]["model.args.hidden"] == 32]  # 16 is no longer offered
+    seen = observations(workdir / "c", "c")
+    assert [t.user_attrs["sweeper_earlier"]["trial"] for t in seen] == [t["number"] for t in kept]
+    for obs, t in zip(seen, kept):  # learning rates clipped into the new range
+        assert obs.params["optimizer.args.lr"] == min(max(t["params"]["optimizer.args.lr"], 1.0e-3), 1.0e-2)
+    assert after["warm_start"]["sources"] == [
+        {"source": url, "study": "a", "used": len(kept), "not_fitting": 3 - len(kept)}
+    ]
+    assert len(after["trials"]) == 1 and after["trials"][0]["params"] == seen[0].params  # the best one, fitted
+
+
+def test_a_sweep_resumed_with_a_changed_space_keeps_its_old_trials(workdir: Path, mlflow_uri: str):
+    tracking = {"experiment": "changed-space"}
+    s = spec(workdir / "d.yaml", "d", 2, tracking=tracking)
+    sweeper("run", str(s), "--out", "d", "-q", check=True)
+    first = summary(workdir / "d")
+    assert first["space_version"] == 1
+
+    wider = search(3)["space"]
+    wider["optimizer.args.lr"] = {"type": "float", "low": 1.0e-5, "high": 0.3, "log": True}  # type: ignore[index]
+    wider["model.args.depth"] = {"type": "int", "low": 1, "high": 2}  # type: ignore[index]
+    s = spec(workdir / "d.yaml", "d", 3, tracking=tracking, space=wider)
+    sweeper("run", str(s), "--out", "d", "-q", check=True)
+    second = summary(workdir / "d")
+
+    assert [t["params"] for t in second["trials"][:2]] == [t["params"] for t in first["trials"]]  # kept
+    assert len(second["trials"]) == 3 and "model.args.depth" in second["trials"][2]["params"]
+    assert second["space_version"] == 2
+    assert [(v["version"], v["first_slot"]) for v in second["space_versions"]] == [(1, 0), (2, 2)]
+    engine = sa.create_engine(f"sqlite:///{workdir / 'd' / 'optuna.db'}")
+    with engine.connect() as db:
+        assert db.execute(sa.text("SELECT count(*) FROM sweeper_spaces WHERE study = 'd'")).scalar() == 2
+    engine.dispose()
+    parent = MlflowClient(mlflow_uri).get_run(second["mlflow"]["parent_run_id"])
+    assert parent.data.tags["sweeper.space_version"] == "2"
+
+    # a change the study cannot hold beside the old trials: refused, naming the parameter
+    changed = {**wider, "model.args.hidden": {"type": "categorical", "choices": [16, 64]}}
+    s = spec(workdir / "d.yaml", "d", 4, tracking=tracking, space=changed)
+    proc = sweeper("run", str(s), "--out", "d", "-q")
+    assert proc.returncode == 2
+    assert "search.space.model.args.hidden: its choices changed from [16, 32] to [16, 64]" in proc.stderr
+    assert "search.warm_start" in proc.stderr
+
+
+def test_warm_start_sources_that_cannot_be_read_are_refused(workdir: Path, earlier: Path):
+    cases = {
+        "missing": (["nowhere"], "search.warm_start[0]: 'nowhere': no such folder"),
+        "not a sweep": ([str(workdir)], "not a sweep's output folder"),
+        "no such study": ([f"sqlite:///{earlier / 'optuna.db'}#zz"], "holds no study 'zz'; it holds: a"),
+        "no database": ([f"sqlite:///{workdir / 'none.db'}"], "search.warm_start[0]: no study database at"),
+        "mlflow": (["mlflow:exp"], "MLflow experiments are not a warm-start source yet"),
+    }
+    for case, (sources, message) in cases.items():
+        s = spec(workdir / "e.yaml", "e", 1, warm_start=sources)
+        proc = sweeper("validate", str(s))
+        assert proc.returncode == 2 and message in proc.stderr, case
+        assert not (workdir / "none.db").exists()
+    # the sweep itself: refused by `sweeper run`, before anything runs
+    s = spec(workdir / "a.yaml", "a", 4, warm_start=[str(earlier)])
+    proc = sweeper("run", str(s), "--out", str(earlier), "-q")
+    assert proc.returncode == 2 and "that is this sweep's own study" in proc.stderr
+    # another objective: its values do not compare
+    s = spec(workdir / "e.yaml", "e", 1, warm_start=[str(earlier)])
+    proc = sweeper("validate", str(s), "objective={metric: val_loss, direction: minimize}")
+    assert proc.returncode == 2 and "its values do not compare" in proc.stderr
+    s = spec(workdir / "e.yaml", "e", 1, warm_start=[str(earlier)], backend="ray")
+    proc = sweeper("validate", str(s))
+    assert proc.returncode == 2 and "search.warm_start is an Optuna backend option" in proc.stderr
