@@ -7,8 +7,11 @@ its trials inline or in a local worker pool.
 - engine.py       the database engine's settings; creating tables while other processes race
 - study.py        storage, sampler, pruner; the user attrs a trial carries; FrozenTrial -> TrialRecord
                   (the one map between Optuna's trial states and sweeper's)
-- ledger.py       sweeper's rows beside the study: preparation, budget claims, members, stop
-- store.py        joining a sweep: the study and ledger of this process, the spec check
+- ledger.py       sweeper's rows beside the study: preparation, budget claims, members, stop,
+                  space versions
+- store.py        joining a sweep: the study and ledger of this process, the spec check (a
+                  changed search space on resume: a new space version)
+- earlier.py      search.warm_start: earlier studies' finished trials, fitted, as observations
 - lease.py        trial leases: heartbeats, stale trials
 - coordinator.py  the loop serving the sweep, composed of:
   - proposer.py   the budget; claiming waiting trials; proposing a batch (or one trial)

@@ -58,8 +58,12 @@ def sources(spec: SweepSpec) -> list[Source]:
             out.append(Source(i, url, name or None, None))
             continue
         folder = Path(entry).expanduser()
-        shown = f"search.warm_start[{i}]: {entry!r}"
-        if not folder.is_dir():
+        shown = f"search.warm_start[{i}]: {entry[:120]!r}"
+        try:
+            there = folder.is_dir()
+        except (OSError, ValueError):  # a name no file system has (a NUL byte, too long)
+            there = False
+        if not there:
             raise UserError(f"{shown}: no such folder; give an earlier sweep's --out folder or its storage URL")
         try:
             earlier_spec = yaml.safe_load((folder / SPEC_FILE).read_text(encoding="utf-8"))

@@ -9,6 +9,7 @@ by every process serving the sweep (on one machine or many).
 - ``sweeper_members``: one row per process serving the sweep (host, pid, role), renewed by its
   heartbeat: ``sweeper status`` shows it, and a claim left by a process that stopped renewing
   can be taken over.
+- ``sweeper_spaces``: the sweep's search spaces, once `sweeper run` resumed it with another one.
 
 A "slot" is a trial of the budget: slot s is the s-th trial proposed (0-based). A trial retried
 because its process died keeps its slot (and so its seed and parameters).

@@ -138,8 +138,9 @@ class LedgerStore:
         earlier sweeps of search.warm_start; ``learned``: what an earlier preparation learned
         (the study holds those observations already)."""
         prepared = make()
-        if learned is not None:
-            prepared = prepared.model_copy(update={"warm_start": learned})
+        if learned is not None:  # the same first trials: the slots' params do not depend on who prepared
+            enqueue = [*learned.get("re_evaluated", []), *prepared.enqueue]
+            prepared = prepared.model_copy(update={"warm_start": learned, "enqueue": enqueue})
         elif spec.search.warm_start:
             prepared = self._learn(prepared.apply(spec), prepared)
         self.ledger.publish(prepared.model_dump(mode="json", exclude={"fresh"}))
