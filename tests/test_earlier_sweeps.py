@@ -161,3 +161,22 @@ def test_warm_start_sources_that_cannot_be_read_are_refused(workdir: Path, earli
     s = spec(workdir / "e.yaml", "e", 1, warm_start=[str(earlier)], backend="ray")
     proc = sweeper("validate", str(s))
     assert proc.returncode == 2 and "search.warm_start is an Optuna backend option" in proc.stderr
+    s = spec(workdir / "e.yaml", "e", 1, warm_start=[str(earlier)], sampler="grid")
+    proc = sweeper("validate", str(s))
+    assert proc.returncode == 2 and "the grid sampler visits each point of its grid once" in proc.stderr
+
+
+def test_an_earlier_trial_is_fitted_to_the_new_space():
+    from sweeper.spec import space as sp
+
+    space = {
+        "a": sp.IntParam(type="int", low=2, high=10, step=2),
+        "b": sp.FloatParam(type="float", low=0.0, high=1.0, step=0.25),
+        "c": sp.CategoricalParam(type="categorical", choices=["x", "y"]),
+        "d": sp.FloatParam(type="float", low=1.0, high=2.0, when={"c": "y"}),
+    }
+    assert sp.fit(space, {"a": 7.6, "b": 0.6, "c": "x", "d": 1.5, "gone": 3}) == {"a": 8, "b": 0.5, "c": "x"}
+    assert sp.fit(space, {"a": 99, "b": -1.0, "c": "y", "d": 5.0}) == {"a": 10, "b": 0.0, "c": "y", "d": 2.0}
+    assert sp.fit(space, {"a": 4, "c": "z"}) is None  # a choice no longer offered: says nothing here
+    assert sp.fit(space, {"a": 4, "c": True}) is None and sp.fit(space, {"gone": 1}) is None
+    assert sp.fit(space, {"b": 0.3}) == {"b": 0.25}  # a parameter it lacks: the sampler draws it

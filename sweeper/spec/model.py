@@ -278,6 +278,11 @@ class SearchSpec(_Strict):
             check_storage_url(self.storage)
         for i, source in enumerate(self.warm_start):
             _check_warm_start(i, source)
+        if self.warm_start and self.sampler == "grid":
+            raise ValueError(
+                "warm_start: the grid sampler visits each point of its grid once, whatever earlier sweeps "
+                "found; use another sampler (tpe), or leave warm_start out"
+            )
         if self.lease_s <= self.heartbeat_s:
             raise ValueError(
                 f"lease_s ({self.lease_s}) must exceed heartbeat_s ({self.heartbeat_s}): a lease "

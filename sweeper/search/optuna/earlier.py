@@ -89,7 +89,10 @@ def check(spec: SweepSpec, out_dir: Path | None) -> None:
 def _open(spec: SweepSpec, source: Source, mine: tuple[str, str] | None) -> optuna.Study:
     if source.url.startswith("sqlite:///") and not Path(source.url.removeprefix("sqlite:///")).is_file():
         raise UserError(f"{source.where}: no study database at {source.url}")  # sqlite would create one
-    storage = make_storage(source.url, spec)
+    try:
+        storage = make_storage(source.url, spec)
+    except UserError as exc:  # its message names search.storage: name the source instead
+        raise UserError(f"{source.where}: {str(exc).removeprefix('search.storage: ')}") from None
     names = optuna.get_all_study_names(storage)
     name = source.study
     if name is None and len(names) == 1:
