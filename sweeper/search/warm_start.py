@@ -84,12 +84,8 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any, cache: ProcessCac
     (its data set from ``cache`` when it holds it)."""
     from sweeper.trial.build import TrialConfig, build
 
-    lr = lr_param(spec) if LR in spec.search.space else None
     settings = spec.search.lr_finder
-    # Span from "too small to learn" to "diverges" even when the declared range is narrow: a
-    # curve that only falls has no informative steepest point. Suggestions are clipped later.
-    low = settings.min_lr or min(lr.low if lr else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
-    high = settings.max_lr or max(lr.high if lr else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
+    low, high = bounds(spec)
     configured = spec.with_values(config)
     seed = derive(spec.seed, "sweep")
     parts = build(TrialConfig(-1, seed, config, configured), device, cache)
@@ -104,6 +100,17 @@ def find(spec: SweepSpec, config: dict[str, Any], device: Any, cache: ProcessCac
         seed=seed,
         task=parts.task,
     )
+
+
+def bounds(spec: SweepSpec) -> tuple[float, float]:
+    """The LRs a range test of ``spec`` spans. From "too small to learn" to "diverges" even when
+    the declared range is narrow: a curve that only falls has no informative steepest point.
+    Suggestions are clipped to the declared range later."""
+    lr = lr_param(spec) if LR in spec.search.space else None
+    settings = spec.search.lr_finder
+    low = settings.min_lr or min(lr.low if lr else DEFAULT_MIN_LR, DEFAULT_MIN_LR)
+    high = settings.max_lr or max(lr.high if lr else DEFAULT_MAX_LR, DEFAULT_MAX_LR)
+    return low, high
 
 
 def _trial_device(spec: SweepSpec) -> Any:
@@ -129,12 +136,14 @@ def prepare(spec: SweepSpec, out_dir: Path, cache: ProcessCache | None = None) -
     device = _trial_device(spec)
     cache = cache if cache is not None else ProcessCache()
     cache_path = out_dir / CACHE
+    # what a range test depends on (not the policy, nor the declared range inside the bounds):
+    # a sweep warm-started from an earlier one reuses its tests though its LR range differs
     key = json.dumps(
         {
-            "settings": spec.search.lr_finder.model_dump(),
+            "steps": spec.search.lr_finder.steps,
+            "bounds": bounds(spec),
             "seed": spec.seed,
             "base": spec.model_dump(include={"dataset", "model", "optimizer", "train"}),
-            "lr": spec.search.space[LR].model_dump(),
         },
         sort_keys=True,
         default=str,
