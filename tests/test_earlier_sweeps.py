@@ -6,6 +6,7 @@ its old trials and records the new space as a version."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import optuna
@@ -83,7 +84,8 @@ def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
 
 def test_warm_start_from_a_study_url_fits_the_trials_to_the_new_space(workdir: Path, earlier: Path):
     before = summary(earlier)
-    url = f"sqlite:///{earlier / 'optuna.db'}#a"
+    shutil.copy(earlier / "optuna.db", workdir / "copy.db")
+    url = f"sqlite:///{workdir / 'copy.db'}#a"
     narrower = {
         "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True},
         "model.args.hidden": {"type": "categorical", "choices": [32, 64]},
@@ -101,6 +103,11 @@ def test_warm_start_from_a_study_url_fits_the_trials_to_the_new_space(workdir: P
         {"source": url, "study": "a", "used": len(kept), "not_fitting": 3 - len(kept)}
     ]
     assert len(after["trials"]) == 1 and after["trials"][0]["params"] == seen[0].params  # the best one, fitted
+
+    # resumed once the source is gone: the sweep read it when it began
+    (workdir / "copy.db").unlink()
+    sweeper("run", str(s), "search.n_trials=2", "--out", "c", "-q", check=True)
+    assert len(summary(workdir / "c")["trials"]) == 2 and len(observations(workdir / "c", "c")) == len(kept)
 
 
 def test_a_sweep_resumed_with_a_changed_space_keeps_its_old_trials(workdir: Path, mlflow_uri: str):

@@ -27,6 +27,7 @@ from optuna.trial import TrialState as OptunaState
 from sweeper.errors import UserError
 from sweeper.review.study_view import distribution
 from sweeper.search.optuna import rdb
+from sweeper.search.optuna.ledger import studies as recorded
 from sweeper.search.optuna.study import EARLIER, directions, earlier, interrupted, make_storage, safe_url, storage_url
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
@@ -79,15 +80,42 @@ def sources(spec: SweepSpec) -> list[Source]:
 
 
 def check(spec: SweepSpec, out_dir: Path | None) -> None:
-    """Refuse, before anything runs, a source that is not there, holds no such study, is this
-    sweep itself, or measured another objective."""
-    mine = (storage_url(spec, out_dir), spec.name) if out_dir is not None else None
-    for source in sources(spec):
+    """Refuse, before anything runs, a source that is this sweep itself, is not there, holds no
+    such study, or measured another objective. A sweep begun already has read its sources (a
+    worker joining it, a resume): they need not be there any more."""
+    found = sources(spec)
+    if out_dir is None:
+        mine = None
+    else:
+        mine = (storage_url(spec, out_dir), spec.name)
+        for source in found:
+            if source.study == spec.name and _same_db(source.url, mine[0]):
+                raise UserError(
+                    f"{source.where}: that is this sweep's own study; a re-run resumes it already "
+                    f"(warm-start from another sweep, or give this one another name)"
+                )
+        if _begun(*mine):
+            return
+    for source in found:
         _open(spec, source, mine)
 
 
+def _begun(url: str, name: str) -> bool:
+    """Whether the database at ``url`` holds sweep ``name`` already (a sqlite file is not made)."""
+    if url.startswith("sqlite:///") and not _sqlite_file(url).is_file():
+        return False
+    try:
+        return name in recorded(url)
+    except UserError:  # unreachable: the store says so when it opens the study
+        return False
+
+
+def _sqlite_file(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:///"))
+
+
 def _open(spec: SweepSpec, source: Source, mine: tuple[str, str] | None) -> optuna.Study:
-    if source.url.startswith("sqlite:///") and not Path(source.url.removeprefix("sqlite:///")).is_file():
+    if source.url.startswith("sqlite:///") and not _sqlite_file(source.url).is_file():
         raise UserError(f"{source.where}: no study database at {source.url}")  # sqlite would create one
     try:
         storage = make_storage(source.url, spec)
@@ -102,11 +130,8 @@ def _open(spec: SweepSpec, source: Source, mine: tuple[str, str] | None) -> optu
             f"{source.where}: {safe_url(source.url)} holds no study {name or ''!r}; it holds: "
             f"{', '.join(names) or 'none'}{'' if name else ' (name one: URL#study)'}"
         )
-    if mine is not None and (_same_db(source.url, mine[0]) and name == mine[1]):
-        raise UserError(
-            f"{source.where}: that is this sweep's own study; a re-run resumes it already (warm-start "
-            f"from another sweep, or give this one another name)"
-        )
+    if mine is not None and (_same_db(source.url, mine[0]) and name == mine[1]):  # named by the URL alone
+        raise UserError(f"{source.where}: that is this sweep's own study; warm-start from another sweep")
     study = optuna.load_study(study_name=name, storage=storage)
     if study.directions != [optuna.study.StudyDirection[d.upper()] for d in directions(spec)]:
         raise UserError(
@@ -126,7 +151,7 @@ def _open(spec: SweepSpec, source: Source, mine: tuple[str, str] | None) -> optu
 def _same_db(a: str, b: str) -> bool:
     def norm(url: str) -> str:
         if url.startswith("sqlite:///"):
-            return "sqlite:///" + str(Path(url.removeprefix("sqlite:///")).resolve())
+            return "sqlite:///" + str(_sqlite_file(url).resolve())
         return url
 
     return norm(a) == norm(b)
