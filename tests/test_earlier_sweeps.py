@@ -132,6 +132,14 @@ def test_a_sweep_resumed_with_a_changed_space_keeps_its_old_trials(workdir: Path
     with engine.connect() as db:
         assert db.execute(sa.text("SELECT count(*) FROM sweeper_spaces WHERE study = 'd'")).scalar() == 2
     engine.dispose()
+    study = optuna.load_study(study_name="d", storage=f"sqlite:///{workdir / 'd' / 'optuna.db'}")
+    assert study.user_attrs["search_space"]["model.args.depth"] == {
+        "type": "int",
+        "low": 1,
+        "high": 2,
+        "log": False,
+        "step": 1,
+    }
     parent = MlflowClient(mlflow_uri).get_run(second["mlflow"]["parent_run_id"])
     assert parent.data.tags["sweeper.space_version"] == "2"
 

@@ -176,6 +176,10 @@ class LedgerStore:
         if not versions:
             self.ledger.add_space(old, 0)
         self.ledger.add_space(new, sweep.proposed)
+        # what optuna-dashboard shows of the space (study.describe): the current one
+        self.study.set_user_attr(
+            "search_space", {path: {k: v for k, v in p.items() if v is not None} for path, p in new.items()}
+        )
 
     def space_versions(self) -> list[dict[str, Any]]:
         """The sweep's space versions ([] while it kept the space it started with)."""
