@@ -43,7 +43,6 @@ class Source:
     index: int  # its place in search.warm_start
     url: str
     study: str | None  # None: the database's only study
-    folder: Path | None  # an output folder (its LR finder cache is reused too)
 
     @property
     def where(self) -> str:
@@ -56,7 +55,7 @@ def sources(spec: SweepSpec) -> list[Source]:
     for i, entry in enumerate(spec.search.warm_start):
         if "://" in entry:
             url, _, name = entry.partition("#")
-            out.append(Source(i, url, name or None, None))
+            out.append(Source(i, url, name or None))
             continue
         folder = Path(entry).expanduser()
         shown = f"search.warm_start[{i}]: {entry[:120]!r}"
@@ -75,7 +74,7 @@ def sources(spec: SweepSpec) -> list[Source]:
                 f"give the folder `sweeper run --out` wrote, or a storage URL"
             ) from None
         url = storage or f"sqlite:///{(folder / 'optuna.db').resolve()}"
-        out.append(Source(i, url, str(name), folder))
+        out.append(Source(i, url, str(name)))
     return out
 
 
