@@ -60,7 +60,7 @@ def observations(out: Path, name: str) -> list[optuna.trial.FrozenTrial]:
 
 def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
     before = summary(earlier)
-    s = spec(workdir / "b.yaml", "b", 2, lr_finder=LR_FINDER, warm_start=[str(earlier)])
+    s = spec(workdir / "b.yaml", "b", 4, lr_finder=LR_FINDER, warm_start=[str(earlier)])
     sweeper("run", str(s), "--out", "b", "-q", check=True)
     after = summary(workdir / "b")
 
@@ -70,16 +70,22 @@ def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
         (t["number"], t["params"], t["value"]) for t in before["trials"]
     ]
     assert {t.user_attrs["sweeper_earlier"]["source"] for t in seen} == {str(earlier)}
-    assert len(after["trials"]) == 2  # the budget: this sweep's own trials only
-    assert after["counts"]["complete"] == 2
+    assert len(after["trials"]) == 4  # the budget: this sweep's own trials only
+    assert after["counts"]["complete"] == 4
     # the best earlier trials are re-evaluated first, with their parameters
     ranked = sorted(before["trials"], key=lambda t: -t["value"])
-    assert [t["params"] for t in after["trials"]] == [t["params"] for t in ranked[:2]]
+    assert [t["params"] for t in after["trials"][:3]] == [t["params"] for t in ranked]  # then the LR finder's trial
     assert after["warm_start"]["observations"] == 3
     assert after["warm_start"]["re_evaluated"] == [t["params"] for t in ranked]
     assert after["best"]["number"] in {t["number"] for t in after["trials"]}  # never an observation
     # the LR warm start reused the earlier sweep's range test (same data, model, optimizer, seed)
     assert after["lr_finder"]["findings"][0]["seconds"] == before["lr_finder"]["findings"][0]["seconds"]
+    # the same spec and the same earlier sweep: the same trial table
+    sweeper("run", str(s), "--out", "b2", "-q", check=True)
+    again = summary(workdir / "b2")
+    assert [(t["number"], t["params"], t["value"]) for t in again["trials"]] == [
+        (t["number"], t["params"], t["value"]) for t in after["trials"]
+    ]
 
 
 def test_warm_start_from_a_study_url_fits_the_trials_to_the_new_space(workdir: Path, earlier: Path):
