@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import sweeper, write_spec
 from mlflow.tracking import MlflowClient
+from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 
 FAST = {"epochs": 1, "batch_size": 32, "device": "cpu"}
 # one range test of 20 steps, its suggestion enqueued: the earlier sweep's cache is reused
@@ -201,3 +202,20 @@ def test_an_earlier_trial_is_fitted_to_the_new_space():
     assert sp.fit(space, {"a": 4, "c": "z"}) is None  # a choice no longer offered: says nothing here
     assert sp.fit(space, {"a": 4, "c": True}) is None and sp.fit(space, {"gone": 1}) is None
     assert sp.fit(space, {"b": 0.3}) == {"b": 0.25}  # a parameter it lacks: the sampler draws it
+
+
+def test_an_earlier_sweep_in_postgresql_gives_the_same_lessons(workdir: Path, earlier: Path, pg_url: str):
+    from sweeper.search.optuna import earlier as lessons_of
+    from sweeper.spec import load
+
+    optuna.copy_study(from_study_name="a", from_storage=f"sqlite:///{earlier / 'optuna.db'}", to_storage=pg_url)
+    from_folder = load(spec(workdir / "f.yaml", "f", 1, warm_start=[str(earlier)]), [])
+    from_pg = load(spec(workdir / "g.yaml", "g", 1, warm_start=[f"{pg_url}#a"]), [])
+    folder_lessons, _ = lessons_of.lessons(from_folder)
+    pg_lessons, read = lessons_of.lessons(from_pg)
+    assert [(x.number, x.params, x.values) for x in pg_lessons] == [
+        (x.number, x.params, x.values) for x in folder_lessons
+    ]
+    assert read["sources"] == [{"source": f"{pg_url}#a", "study": "a", "used": 3}]
+    proc = sweeper("validate", str(workdir / "g.yaml"), f"search.warm_start=['{pg_url}#zz']")
+    assert proc.returncode == 2 and "search.warm_start[0]: " in proc.stderr and "holds no study 'zz'" in proc.stderr
