@@ -56,6 +56,7 @@ class SearchContext:
 class SearchResult:
     records: list[TrialRecord]  # every trial of the sweep, by number
     storage: str  # where the backend keeps its state (a re-run resumes from it)
+    device_hours: float | None = None  # what the sweep's finished trials spent, every process's (optuna)
 
 
 class Backend(Protocol):

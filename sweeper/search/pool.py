@@ -21,14 +21,23 @@ from typing import Any, Protocol, cast
 
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import ProcessCache, TrialConfig
-from sweeper.trial.execute import Decide, Outcome, execute_group
+from sweeper.trial.execute import Decide, Outcome, devices_used, execute_group
 from sweeper.trial.states import FailureKind, TrialState
+from sweeper.trial.time_limit import timed_out_reason
+from sweeper.trial.trainer import resolve_device
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
 Record = Callable[[int, int, dict[str, float]], None]
 # How long the pool waits for a worker's message before it checks that the workers are alive (s)
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1  # prctl(2) option
+
+
+def kill_grace_s(limit_s: float) -> float:
+    """How long past train.max_trial_seconds the pool waits before it kills a trial's worker (s):
+    time for the trial's own watchdog (trial/time_limit.py) to stop it and its worker to report it,
+    which keeps the worker and its process cache; a tenth of the limit, 2 s to 60 s."""
+    return min(60.0, max(2.0, 0.1 * limit_s))
 
 
 class Executor(Protocol):
@@ -162,6 +171,7 @@ class ProcessPool:
             else:
                 self._start_worker(index)
         self.running: dict[int, list[TrialConfig]] = {}  # worker index -> its task
+        self.started: dict[int, float] = {}  # worker index -> when its task was sent (time.monotonic())
         self.oom_kills = oom_kill_count()
 
     @property
@@ -178,6 +188,7 @@ class ProcessPool:
     def submit(self, task: list[TrialConfig]) -> None:
         index = next(i for i in range(len(self.procs)) if i not in self.running)
         self.running[index] = task
+        self.started[index] = time.monotonic()
         _send(self.conns[index], task)
 
     def results(self, timeout_s: float = POLL_S) -> Iterator[Outcome]:
@@ -185,6 +196,10 @@ class ProcessPool:
         passed without one."""
         deadline = time.monotonic() + timeout_s
         while self.running:
+            overdue = list(self._stop_overdue())
+            if overdue:
+                yield from overdue
+                return
             ready = wait(
                 [self.conns[i] for i in self.running], timeout=min(POLL_S, max(0.0, deadline - time.monotonic()))
             )
@@ -215,6 +230,29 @@ class ProcessPool:
                     yield from payload
                     return
 
+    def _stop_overdue(self) -> Iterator[Outcome]:
+        """Kill the workers whose task has run past train.max_trial_seconds and a grace (hung where
+        the trial's own watchdog cannot raise: in native code, a collective); their trials fail,
+        timed out (not retried), and a new worker takes each one's place."""
+        now = time.monotonic()
+        for index, task in list(self.running.items()):
+            limit_s = task[0].spec.train.max_trial_seconds
+            ran_s = now - self.started[index]
+            if limit_s is None or ran_s < limit_s + kill_grace_s(limit_s):
+                continue
+            del self.running[index]
+            kill_tree(self.procs[index].pid)
+            self.procs[index].join()
+            self.conns[index].close()
+            self._start_worker(index)
+            spec = task[0].spec.train
+            device = resolve_device(spec.device, index)
+            threads = task[0].threads or 1  # the coordinator sets every trial's threads
+            reason = timed_out_reason(limit_s, ran_s, "its worker process killed")
+            for config in task:
+                info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(str(device), threads) / len(task)}
+                yield Outcome(config.number, TrialState.FAILED, reason=reason, failure=FailureKind.TIMED_OUT, info=info)
+
     def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:
         for index in list(self.running):
             proc = self.procs[index]
@@ -239,6 +277,31 @@ class ProcessPool:
                 p.terminate()
         for conn in self.conns:
             conn.close()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process it started (their children read from /proc on Linux):
+    a hung trial holds nothing that needs an orderly exit (its checkpoint is written atomically)."""
+    for child in _children(pid):
+        kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # not Linux, or already gone
+        return []
+    found = []
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def oom_kill_count() -> int | None:

@@ -61,4 +61,4 @@ class OptunaBackend:
             coordinator.run(pool)
         finally:
             pool.close()
-        return SearchResult(coordinator.records(), safe_url(store.url))
+        return SearchResult(coordinator.records(), safe_url(store.url), store.ledger.device_seconds() / 3600)

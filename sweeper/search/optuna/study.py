@@ -204,6 +204,7 @@ def record(t: FrozenTrial) -> TrialRecord:
         footprint=info.get("footprint", {}),
         seed=info.get("seed"),
         reason=reason,
+        failure=info.get("failure"),
         epochs=len(history),
         seconds=info.get("seconds"),
         device=info.get("device"),
