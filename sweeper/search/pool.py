@@ -171,7 +171,9 @@ class ProcessPool:
             else:
                 self._start_worker(index)
         self.running: dict[int, list[TrialConfig]] = {}  # worker index -> its task
-        self.started: dict[int, float] = {}  # worker index -> when its task was sent (time.monotonic())
+        # worker index -> when it began its task (time.monotonic()): a worker still starting (importing
+        # torch) when the task was sent does not spend the trial's train.max_trial_seconds
+        self.started: dict[int, float] = {}
         self.oom_kills = oom_kill_count()
 
     @property
@@ -188,7 +190,6 @@ class ProcessPool:
     def submit(self, task: list[TrialConfig]) -> None:
         index = next(i for i in range(len(self.procs)) if i not in self.running)
         self.running[index] = task
-        self.started[index] = time.monotonic()
         _send(self.conns[index], task)
 
     def results(self, timeout_s: float = POLL_S) -> Iterator[Outcome]:
@@ -217,12 +218,15 @@ class ProcessPool:
                 except (EOFError, OSError):  # the worker is gone
                     yield from self._reap_dead(wait_s=POLL_S)
                     return
-                if kind == "epoch":
+                if kind == "start":
+                    self.started[index] = time.monotonic()
+                elif kind == "epoch":
                     number, epoch, metrics = payload
                     _send(conn, self.decide(number, epoch, metrics))
                     self.record(number, epoch, metrics)
                 else:
                     del self.running[index]
+                    self.started.pop(index, None)
                     if any(o.context_lost for o in payload):  # the worker exits (see _worker_loop): a new one
                         self.procs[index].join()  # takes its place
                         self.conns[index].close()
@@ -237,10 +241,12 @@ class ProcessPool:
         now = time.monotonic()
         for index, task in list(self.running.items()):
             limit_s = task[0].spec.train.max_trial_seconds
-            ran_s = now - self.started[index]
-            if limit_s is None or ran_s < limit_s + kill_grace_s(limit_s):
+            if limit_s is None or index not in self.started:
                 continue
-            del self.running[index]
+            ran_s = now - self.started[index]
+            if ran_s < limit_s + kill_grace_s(limit_s):
+                continue
+            del self.running[index], self.started[index]
             kill_tree(self.procs[index].pid)
             self.procs[index].join()
             self.conns[index].close()
@@ -259,6 +265,7 @@ class ProcessPool:
             proc.join(wait_s)
             if not proc.is_alive():
                 task = self.running.pop(index)  # its trials are retried; the worker starts afresh, new pipe
+                self.started.pop(index, None)
                 reason = death(proc.exitcode, self.oom_kills)
                 yield from (
                     Outcome(config.number, TrialState.INTERRUPTED, reason=reason, failure=FailureKind.LOST_WORKER)
@@ -377,6 +384,7 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
     cache = ProcessCache()  # the data set and compiled forwards of this worker's trials, for its lifetime
     try:
         while (task := conn.recv()) is not None:
+            conn.send(("start", None))  # the trial's clock (train.max_trial_seconds) starts now
             outcomes = execute_group(task, decide, index, cache)
             conn.send(("end", outcomes))
             if any(

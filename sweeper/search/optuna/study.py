@@ -207,6 +207,7 @@ def record(t: FrozenTrial) -> TrialRecord:
         failure=info.get("failure"),
         epochs=len(history),
         seconds=info.get("seconds"),
+        device_seconds=info.get("device_seconds"),
         device=info.get("device"),
         mlflow_run_id=info.get("mlflow_run_id"),
         history=history,
