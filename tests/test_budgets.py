@@ -161,3 +161,39 @@ def test_the_device_hour_budget_is_counted_across_two_processes_and_stops_claims
     status = sweeper("status", "--study", pg_url, check=True)
     line = next(ln for ln in status.stdout.splitlines() if "device-hours spent" in ln)
     assert f"of {budget_s / 3600:.4g} device-hours spent" in line and f"{spent / 3600:.4g}" in line
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("train.max_trial_seconds=0", "train.max_trial_seconds: Input should be greater than 0"),
+        ("train.max_trial_seconds=1e9", "train.max_trial_seconds: Input should be less than or equal to"),
+        ("search.budget.device_hours=-1", "search.budget.device_hours: Input should be greater than 0"),
+        ("search.budget.device_hours=1e12", "search.budget.device_hours: Input should be less than or equal to"),
+        ("search.budget={}", "search.budget.device_hours: Field required"),
+        ("search.backend=ray search.budget.device_hours=5", "search.budget is counted in the optuna backend"),
+        ("search.backend=ray train.max_trial_seconds=5", "train.max_trial_seconds is enforced by the optuna"),
+    ],
+)
+def test_bad_budgets_are_refused_naming_the_path(workdir: Path, override: str, said: str):
+    spec = write_spec(workdir / "spec.yaml")
+    refused = sweeper("validate", str(spec), *override.split())
+    assert refused.returncode == 2 and said in " ".join(refused.stderr.split()), refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_time_limit_waits_for_the_end_of_a_shield_and_never_raises_after_its_block():
+    import time
+
+    from sweeper.trial.time_limit import TimeLimit, TrialTimedOut
+
+    with pytest.raises(TrialTimedOut):
+        with TimeLimit(0.01) as limit:
+            with limit.shielded():  # a talk over a pipe: the watchdog fires meanwhile, and waits
+                while not limit.expired:
+                    time.sleep(0.001)
+            pytest.fail("the shield's end raises")  # pragma: no cover
+    with TimeLimit(3600):
+        pass
+    with TimeLimit(None):  # no limit: no watchdog
+        pass
