@@ -19,12 +19,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+import torch
+
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import ProcessCache, TrialConfig
 from sweeper.trial.execute import Decide, Outcome, devices_used, execute_group
 from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import timed_out_reason
-from sweeper.trial.trainer import resolve_device
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
 Record = Callable[[int, int, dict[str, float]], None]
@@ -251,12 +252,12 @@ class ProcessPool:
             self.procs[index].join()
             self.conns[index].close()
             self._start_worker(index)
-            spec = task[0].spec.train
-            device = resolve_device(spec.device, index)
+            train = task[0].spec.train
+            device = "cuda" if train.device != "cpu" and torch.cuda.is_available() else "cpu"  # as it ran
             threads = task[0].threads or 1  # the coordinator sets every trial's threads
             reason = timed_out_reason(limit_s, ran_s, "its worker process killed")
             for config in task:
-                info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(str(device), threads) / len(task)}
+                info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(device, threads) / len(task)}
                 yield Outcome(config.number, TrialState.FAILED, reason=reason, failure=FailureKind.TIMED_OUT, info=info)
 
     def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:

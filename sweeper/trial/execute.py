@@ -76,7 +76,8 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
         if config.checkpoint and saves_state(config, state["epoch"]):
-            checkpoint.save(Path(config.checkpoint), {**state, **extra})
+            with limit.shielded():  # a checkpoint is written whole (no temp file left behind)
+                checkpoint.save(Path(config.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
 
     def report(epoch: int, metrics: dict[str, float]) -> None:
