@@ -66,6 +66,8 @@ def report(url: str, name: str) -> dict[str, Any]:
     cap = sweep.n_trials
     unfinished = counts.get(TrialState.RUNNING, 0) + counts.get(TrialState.WAITING, 0)
     to_go = None if cap is None else max(0, cap - sweep.proposed) + unfinished
+    if sweep.device_budget_spent():  # no trial is claimed any more: only the running ones go on
+        to_go = counts.get(TrialState.RUNNING, 0)
     deadline = sweep.deadline()
     eta_s = to_go / per_min * 60 if per_min and to_go is not None else None
     if deadline is not None:
