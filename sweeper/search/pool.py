@@ -175,6 +175,7 @@ class ProcessPool:
         # worker index -> when it began its task (time.monotonic()): a worker still starting (importing
         # torch) when the task was sent does not spend the trial's train.max_trial_seconds
         self.started: dict[int, float] = {}
+        self.epochs: dict[int, list[dict[str, float]]] = {}  # trial number -> the epochs it reported (a killed one's)
         self.oom_kills = oom_kill_count()
 
     @property
@@ -223,10 +224,12 @@ class ProcessPool:
                     self.started[index] = time.monotonic()
                 elif kind == "epoch":
                     number, epoch, metrics = payload
+                    self.epochs.setdefault(number, []).append(metrics)
                     _send(conn, self.decide(number, epoch, metrics))
                     self.record(number, epoch, metrics)
                 else:
-                    del self.running[index]
+                    for config in self.running.pop(index):
+                        self.epochs.pop(config.number, None)
                     self.started.pop(index, None)
                     if any(o.context_lost for o in payload):  # the worker exits (see _worker_loop): a new one
                         self.procs[index].join()  # takes its place
@@ -258,7 +261,10 @@ class ProcessPool:
             reason = timed_out_reason(limit_s, ran_s, "its worker process killed")
             for config in task:
                 info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(device, threads) / len(task)}
-                yield Outcome(config.number, TrialState.FAILED, reason=reason, failure=FailureKind.TIMED_OUT, info=info)
+                history = self.epochs.pop(config.number, [])
+                yield Outcome(
+                    config.number, TrialState.FAILED, history, reason, failure=FailureKind.TIMED_OUT, info=info
+                )
 
     def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:
         for index in list(self.running):
@@ -267,6 +273,8 @@ class ProcessPool:
             if not proc.is_alive():
                 task = self.running.pop(index)  # its trials are retried; the worker starts afresh, new pipe
                 self.started.pop(index, None)
+                for config in task:
+                    self.epochs.pop(config.number, None)
                 reason = death(proc.exitcode, self.oom_kills)
                 yield from (
                     Outcome(config.number, TrialState.INTERRUPTED, reason=reason, failure=FailureKind.LOST_WORKER)
