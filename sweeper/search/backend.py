@@ -58,6 +58,7 @@ class SearchResult:
     storage: str  # where the backend keeps its state (a re-run resumes from it)
     # summary.json entries the backend adds (Optuna: space_version, space_versions)
     summary: dict[str, Any] = field(default_factory=dict)
+    device_hours: float | None = None  # what the sweep's finished trials spent, every process's (optuna)
 
 
 class Backend(Protocol):

@@ -19,16 +19,26 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+import torch
+
 from sweeper.errors import SweepStopped
 from sweeper.trial.build import ProcessCache, TrialConfig
-from sweeper.trial.execute import Decide, Outcome, execute_group
+from sweeper.trial.execute import Decide, Outcome, devices_used, execute_group
 from sweeper.trial.states import FailureKind, TrialState
+from sweeper.trial.time_limit import timed_out_reason
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
 Record = Callable[[int, int, dict[str, float]], None]
 # How long the pool waits for a worker's message before it checks that the workers are alive (s)
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1  # prctl(2) option
+
+
+def kill_grace_s(limit_s: float) -> float:
+    """How long past train.max_trial_seconds the pool waits before it kills a trial's worker (s):
+    time for the trial's own watchdog (trial/time_limit.py) to stop it and its worker to report it,
+    which keeps the worker and its process cache; a tenth of the limit, 2 s to 60 s."""
+    return min(60.0, max(2.0, 0.1 * limit_s))
 
 
 class Executor(Protocol):
@@ -162,6 +172,10 @@ class ProcessPool:
             else:
                 self._start_worker(index)
         self.running: dict[int, list[TrialConfig]] = {}  # worker index -> its task
+        # worker index -> when it began its task (time.monotonic()): a worker still starting (importing
+        # torch) when the task was sent does not spend the trial's train.max_trial_seconds
+        self.started: dict[int, float] = {}
+        self.epochs: dict[int, list[dict[str, float]]] = {}  # trial number -> the epochs it reported (a killed one's)
         self.oom_kills = oom_kill_count()
 
     @property
@@ -185,6 +199,10 @@ class ProcessPool:
         passed without one."""
         deadline = time.monotonic() + timeout_s
         while self.running:
+            overdue = list(self._stop_overdue())
+            if overdue:
+                yield from overdue
+                return
             ready = wait(
                 [self.conns[i] for i in self.running], timeout=min(POLL_S, max(0.0, deadline - time.monotonic()))
             )
@@ -202,12 +220,17 @@ class ProcessPool:
                 except (EOFError, OSError):  # the worker is gone
                     yield from self._reap_dead(wait_s=POLL_S)
                     return
-                if kind == "epoch":
+                if kind == "start":
+                    self.started[index] = time.monotonic()
+                elif kind == "epoch":
                     number, epoch, metrics = payload
+                    self.epochs.setdefault(number, []).append(metrics)
                     _send(conn, self.decide(number, epoch, metrics))
                     self.record(number, epoch, metrics)
                 else:
-                    del self.running[index]
+                    for config in self.running.pop(index):
+                        self.epochs.pop(config.number, None)
+                    self.started.pop(index, None)
                     if any(o.context_lost for o in payload):  # the worker exits (see _worker_loop): a new one
                         self.procs[index].join()  # takes its place
                         self.conns[index].close()
@@ -215,12 +238,43 @@ class ProcessPool:
                     yield from payload
                     return
 
+    def _stop_overdue(self) -> Iterator[Outcome]:
+        """Kill the workers whose task has run past train.max_trial_seconds and a grace (hung where
+        the trial's own watchdog cannot raise: in native code, a collective); their trials fail,
+        timed out (not retried), and a new worker takes each one's place."""
+        now = time.monotonic()
+        for index, task in list(self.running.items()):
+            limit_s = task[0].spec.train.max_trial_seconds
+            if limit_s is None or index not in self.started:
+                continue
+            ran_s = now - self.started[index]
+            if ran_s < limit_s + kill_grace_s(limit_s):
+                continue
+            del self.running[index], self.started[index]
+            kill_tree(self.procs[index].pid)
+            self.procs[index].join()
+            self.conns[index].close()
+            self._start_worker(index)
+            train = task[0].spec.train
+            device = "cuda" if train.device != "cpu" and torch.cuda.is_available() else "cpu"  # as it ran
+            threads = task[0].threads or 1  # the coordinator sets every trial's threads
+            reason = timed_out_reason(limit_s, ran_s, "its worker process killed")
+            for config in task:
+                info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(device, threads) / len(task)}
+                history = self.epochs.pop(config.number, [])
+                yield Outcome(
+                    config.number, TrialState.FAILED, history, reason, failure=FailureKind.TIMED_OUT, info=info
+                )
+
     def _reap_dead(self, wait_s: float = 0.0) -> Iterator[Outcome]:
         for index in list(self.running):
             proc = self.procs[index]
             proc.join(wait_s)
             if not proc.is_alive():
                 task = self.running.pop(index)  # its trials are retried; the worker starts afresh, new pipe
+                self.started.pop(index, None)
+                for config in task:
+                    self.epochs.pop(config.number, None)
                 reason = death(proc.exitcode, self.oom_kills)
                 yield from (
                     Outcome(config.number, TrialState.INTERRUPTED, reason=reason, failure=FailureKind.LOST_WORKER)
@@ -239,6 +293,31 @@ class ProcessPool:
                 p.terminate()
         for conn in self.conns:
             conn.close()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process it started (their children read from /proc on Linux):
+    a hung trial holds nothing that needs an orderly exit (its checkpoint is written atomically)."""
+    for child in _children(pid):
+        kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # not Linux, or already gone
+        return []
+    found = []
+    for task in tasks:
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
 
 
 def oom_kill_count() -> int | None:
@@ -314,6 +393,7 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
     cache = ProcessCache()  # the data set and compiled forwards of this worker's trials, for its lifetime
     try:
         while (task := conn.recv()) is not None:
+            conn.send(("start", None))  # the trial's clock (train.max_trial_seconds) starts now
             outcomes = execute_group(task, decide, index, cache)
             conn.send(("end", outcomes))
             if any(

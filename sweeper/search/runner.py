@@ -285,6 +285,11 @@ def summarize(
             "parent_run_id": parent,
         },
         "spec": spec.model_dump(mode="json"),
+        # device-hours (GPU-hours on CUDA, core-hours on the CPU) of every process's finished trials
+        "device_hours": {
+            "spent": result.device_hours,
+            "budget": spec.search.budget.device_hours if spec.search.budget else None,
+        },
         "trials": [r.model_dump(mode="json") for r in records],
     }
 

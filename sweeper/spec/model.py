@@ -41,6 +41,7 @@ MAX_TRIALS = 1_000_000  # trials of a sweep: each is a row set in the study and 
 MAX_PROCESSES = 1024  # worker processes or torch threads on one machine
 MAX_SECONDS = 366 * 24 * 3600  # a year, in seconds: longer is a unit slip (ms, minutes)
 MAX_FUSED = 10_000  # trials in one fused model: at most a proposed batch (search.batch_size)
+MAX_DEVICE_HOURS = MAX_PROCESSES * MAX_SECONDS / 3600  # 1024 devices for a year (9.0 M): more is a unit slip
 
 
 class TrainSpec(_Strict):
@@ -60,6 +61,11 @@ class TrainSpec(_Strict):
     # torch.compile the model's forward: compiled once per architecture, batch size and mode in each
     # process and reused by its later trials. Pays off for long trials (see docs/gpu.md).
     compile: bool = False
+    # Wall time a trial may run (from its start in its process: building, training, evaluating);
+    # past it the trial fails with failure "timed_out", is not retried, and the sweep goes on.
+    max_trial_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_SECONDS, description="seconds a trial may run before it is stopped as failed"
+    )
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSpec:
@@ -180,6 +186,16 @@ OPTUNA_ONLY = {
 }
 
 
+class BudgetSpec(_Strict):
+    """What the sweep may spend, counted across every process and machine in its ledger."""
+
+    device_hours: float = Field(
+        gt=0,
+        le=MAX_DEVICE_HOURS,
+        description="device-hours of trials: GPU-hours on CUDA, core-hours (torch threads) on the CPU",
+    )
+
+
 class SearchSpec(_Strict):
     backend: Literal["optuna", "ray"] = "optuna"
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
@@ -197,6 +213,9 @@ class SearchSpec(_Strict):
         le=MAX_SECONDS,
         description="seconds from the start (or resume) of the sweep by `sweeper run`; no trial is claimed after it",
     )
+    # No trial is claimed once the finished trials' device time reaches it (with n_trials and
+    # timeout: whichever comes first); the trials running then finish.
+    budget: BudgetSpec | None = None
     parallel: int = Field(default=1, ge=1, le=MAX_PROCESSES, description="worker processes on this machine")
     # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
@@ -518,6 +537,22 @@ class SweepSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _ray_limits(self) -> SweepSpec:
+        if self.search.backend != "ray":
+            return self
+        if self.train.max_trial_seconds is not None:
+            raise ValueError(
+                "train.max_trial_seconds is enforced by the optuna backend (it kills a hung trial's "
+                "worker process); search.backend: ray cannot enforce it: leave it unset or use backend optuna"
+            )
+        if self.search.budget is not None:
+            raise ValueError(
+                "search.budget is counted in the optuna backend's ledger; with search.backend: ray "
+                "use search.timeout or n_trials, or use backend optuna"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _loader_workers(self) -> SweepSpec:
         workers, search = self.data.num_workers, self.search
         if workers and search.backend == "optuna" and search.parallel > 1:
@@ -551,4 +586,5 @@ class SweepSpec(_Strict):
             workers = f"Ray Tune on {where}, {search.resources.cpu:g} CPU{gpu} per trial"
         else:
             workers = f"{search.parallel} worker(s)"
-        return f"{trials}, timeout {timeout}, {workers}, pruner {search.pruner.type}"
+        budget = f", budget {search.budget.device_hours:g} device-hours" if search.budget else ""
+        return f"{trials}, timeout {timeout}{budget}, {workers}, pruner {search.pruner.type}"

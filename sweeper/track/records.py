@@ -37,6 +37,7 @@ class TrialRecord(_Record):
     failure: FailureKind | None = None  # a failure the search answers (a retry); None: the trial's own
     epochs: int = 0
     seconds: float | None = None  # training time in its worker (a fused trial: its fused model's)
+    device_seconds: float | None = None  # seconds × devices it held (GPUs, or CPU threads): search.budget
     fused_with: list[int] = []  # the trials it trained with as one fused model (itself included)
     device: str | None = None
     mlflow_run_id: str | None = None

@@ -10,6 +10,7 @@ same trial run under both backends, in a replay and in tests.
 - trainer.py     the training loop (train/eval modes, AMP, accumulation, clipping, NaN guard);
                  epoch_metrics, the one builder of an epoch's metrics (solo and fused)
 - execute.py     one trial to an Outcome, never raising for the trial's own failure
+- time_limit.py  train.max_trial_seconds: a watchdog that raises TrialTimedOut in the training thread
 - checkpoint.py  the training state: save atomically, load with weights_only, resume bitwise
 - batching.py    index batches over whole-tensor splits
 - seeding.py     named seed streams; seeding every RNG; torch thread and kernel settings

@@ -20,6 +20,7 @@ from sweeper.trial import checkpoint, footprint, fused
 from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
 from sweeper.trial.states import FailureKind, TrialState
+from sweeper.trial.time_limit import TimeLimit, TrialTimedOut, timed_out_reason
 from sweeper.trial.trainer import resolve_device
 
 # decide(number, epoch, metrics) -> True to stop (prune) the trial now
@@ -69,45 +70,56 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
     out = Outcome(config.number, TrialState.FAILED)
     started = time.perf_counter()
     extra = {"trial": config.number, "params": config.params}
+    limit = TimeLimit(config.spec.train.max_trial_seconds)
     last: dict[str, Any] = {}  # the latest training state and the epoch last saved
 
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
         if config.checkpoint and saves_state(config, state["epoch"]):
-            checkpoint.save(Path(config.checkpoint), {**state, **extra})
+            with limit.shielded():  # a checkpoint is written whole (no temp file left behind)
+                checkpoint.save(Path(config.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
 
     def report(epoch: int, metrics: dict[str, float]) -> None:
         out.history.append(metrics)
-        if decide(config.number, epoch, metrics):
+        with limit.shielded():  # a question and its answer over a worker's pipe: never cut in two
+            prune = decide(config.number, epoch, metrics)
+        if prune:
             raise TrialPruned(f"pruned at epoch {epoch}")
 
     try:
-        train = config.spec.train
-        if config.threads is not None:
-            configure_torch(threads=config.threads, deterministic=train.deterministic)
-        device = resolve_device(train.device, worker_index)
-        out.info = {
-            "device": str(device),
-            "device_name": _device_name(device),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda or "none",
-        }
-        resume = None
-        if config.resume is not None:
-            # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
-            # (an optimizer's step counters stay on the CPU: on the GPU they would sync every step)
-            resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
-            out.history = [dict(h) for h in resume.state["history"]]
-            last["state"] = resume.state
-        trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache)
-        out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
-        if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
-            checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
-        out.state = TrialState.COMPLETE
+        with limit:
+            train = config.spec.train
+            if config.threads is not None:
+                configure_torch(threads=config.threads, deterministic=train.deterministic)
+            device = resolve_device(train.device, worker_index)
+            out.info = {
+                "device": str(device),
+                "device_name": _device_name(device),
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda or "none",
+            }
+            resume = None
+            if config.resume is not None:
+                # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
+                # (an optimizer's step counters stay on the CPU: on the GPU they would sync every step)
+                resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
+                out.history = [dict(h) for h in resume.state["history"]]
+                last["state"] = resume.state
+            trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache)
+            out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
+            if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
+                checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
+            out.state = TrialState.COMPLETE
     except TrialPruned as exc:
         out.state, out.reason = TrialState.PRUNED, str(exc)
+    except TrialTimedOut:
+        out.reason, out.error = (
+            timed_out_reason(limit.seconds or 0, time.perf_counter() - started),
+            traceback.format_exc(),
+        )
+        out.failure = FailureKind.TIMED_OUT
     except torch.cuda.OutOfMemoryError as exc:  # the machine's limit, not the trial's fault: retried
         out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
         out.failure = FailureKind.OUT_OF_MEMORY
@@ -117,6 +129,9 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
     finally:
         release_device_memory()
     out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
+    out.info["device_seconds"] = out.info["seconds"] * devices_used(
+        out.info.get("device", "cpu"), torch.get_num_threads()
+    )
     return out
 
 
@@ -135,39 +150,44 @@ def execute_group(
     info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
     sizes: dict[int, dict[str, float]] = {}  # each complete member's footprint
 
+    limit = TimeLimit(configs[0].spec.train.max_trial_seconds)  # the fused model's: its members share it
+
     def report(index: int, epoch: int, metrics: dict[str, float]) -> None:
         number = configs[index].number
         outs[number].history.append(metrics)
-        if decide(number, epoch, metrics):
+        with limit.shielded():  # a question and its answer over a worker's pipe: never cut in two
+            prune = decide(number, epoch, metrics)
+        if prune:
             raise TrialPruned(f"pruned at epoch {epoch}")
 
     try:
-        first = configs[0]
-        if first.threads is not None:
-            configure_torch(threads=first.threads, deterministic=first.spec.train.deterministic)
-        device = resolve_device(first.spec.train.device, worker_index)
-        info.update(
-            device=str(device),
-            device_name=_device_name(device),
-            threads=torch.get_num_threads(),
-            torch=torch.__version__,
-            cuda=torch.version.cuda or "none",
-        )
-        members = fused.fit_fused(configs, device, report, cache=cache)
-        info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
-        for member in members:
-            out = outs[member.config.number]
-            out.state, out.reason = member.state, member.reason
-            if member.state == TrialState.COMPLETE:  # its model has its own storage again
-                sizes[member.config.number] = footprint.measure(
-                    member.parts.model, member.parts.data, member.config.spec
-                )
-            if member.state == TrialState.COMPLETE and member.config.checkpoint:
-                state = member.training_state()
-                checkpoint.save(
-                    Path(member.config.checkpoint),
-                    {**state, "trial": member.config.number, "params": member.config.params},
-                )
+        with limit:
+            first = configs[0]
+            if first.threads is not None:
+                configure_torch(threads=first.threads, deterministic=first.spec.train.deterministic)
+            device = resolve_device(first.spec.train.device, worker_index)
+            info.update(
+                device=str(device),
+                device_name=_device_name(device),
+                threads=torch.get_num_threads(),
+                torch=torch.__version__,
+                cuda=torch.version.cuda or "none",
+            )
+            members = fused.fit_fused(configs, device, report, cache=cache)
+            info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
+            for member in members:
+                out = outs[member.config.number]
+                out.state, out.reason = member.state, member.reason
+                if member.state == TrialState.COMPLETE:  # its model has its own storage again
+                    sizes[member.config.number] = footprint.measure(
+                        member.parts.model, member.parts.data, member.config.spec
+                    )
+                if member.state == TrialState.COMPLETE and member.config.checkpoint:
+                    state = member.training_state()
+                    checkpoint.save(
+                        Path(member.config.checkpoint),
+                        {**state, "trial": member.config.number, "params": member.config.params},
+                    )
     except fused.NotFusable as exc:  # before any member trained an epoch: each trains alone
         release_device_memory()
         solo = [execute(config, decide, worker_index, cache) for config in configs]
@@ -178,6 +198,7 @@ def execute_group(
         # memory: each is retried with smaller micro-batches); those pruned or failed before keep their end
         left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state.finished}
         oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+        timed_out = isinstance(exc, TrialTimedOut)
         for number, out in outs.items():
             if number in left:
                 out.state, out.reason = left[number].state, left[number].reason
@@ -185,12 +206,27 @@ def execute_group(
             out.state, out.error = TrialState.FAILED, traceback.format_exc()
             out.reason = f"{OOM}: {reason_of(exc)}" if oom else reason_of(exc)
             out.failure = FailureKind.OUT_OF_MEMORY if oom else _context_lost(exc)
+            if timed_out:
+                out.reason = timed_out_reason(limit.seconds or 0, time.perf_counter() - started)
+                out.failure = FailureKind.TIMED_OUT
     finally:
         release_device_memory()
     seconds = time.perf_counter() - started  # the group's wall time: each member's share is seconds / N
+    share = seconds * devices_used(str(info.get("device", "cpu")), torch.get_num_threads()) / len(configs)
     for number, out in outs.items():
-        out.info = {**info, "seconds": seconds, **({"footprint": sizes[number]} if number in sizes else {})}
+        out.info = {
+            **info,
+            "seconds": seconds,
+            "device_seconds": share,  # the members' shares add up to the group's device time
+            **({"footprint": sizes[number]} if number in sizes else {}),
+        }
     return [outs[c.number] for c in configs]
+
+
+def devices_used(device: str, threads: int) -> int:
+    """The devices a trial holds while it runs, as search.budget counts them: its GPU on CUDA
+    (one per worker), else its torch threads (CPU cores)."""
+    return 1 if device.startswith("cuda") else threads
 
 
 def release_device_memory() -> None:

@@ -43,6 +43,7 @@ from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.states import TrialState
+from sweeper.trial.time_limit import TrialTimedOut
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
@@ -372,7 +373,7 @@ def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
                 grads, loss, right = engine.step(
                     group.params, group.buffers, x, data.train_y[micro], eps, micro.shape[1] / batch.shape[1]
                 )
-            except torch.cuda.OutOfMemoryError:
+            except (torch.cuda.OutOfMemoryError, TrialTimedOut):  # not the fused model's fault
                 raise
             except Exception as exc:
                 if epoch == 1 and step == 0:
@@ -462,6 +463,8 @@ def _evaluate_and_report(
             report(row, epoch, metrics)
         except TrialPruned as exc:
             member.state, member.reason, left = TrialState.PRUNED, str(exc), True
+        except TrialTimedOut:  # the fused model's time is up: every running member stops (execute_group)
+            raise
         except TrialFailed as exc:
             member.state, member.reason, left = TrialState.FAILED, str(exc), True
     if left and group.active:

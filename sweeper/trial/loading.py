@@ -219,12 +219,23 @@ class TrialLoaders:
 
     def train_epoch(self) -> Iterator[Batch]:
         """One epoch of training batches on the device, in the order generator's order."""
-        for collated in self.train:
-            yield as_batch(collated, self.device, self.settings.pin_memory)
+        yield from self._read(self.train)
 
     def val_batches(self) -> Iterator[Batch]:
-        for collated in self.val:
-            yield as_batch(collated, self.device, self.settings.pin_memory)
+        yield from self._read(self.val)
+
+    def _read(self, loader: DataLoader) -> Iterator[Batch]:
+        iterator = iter(loader)
+        try:
+            for collated in iterator:
+                yield as_batch(collated, self.device, self.settings.pin_memory)
+        except BaseException:  # the trial stopped mid-epoch (timed out, failed): its workers are
+            # killed now; a worker hung in a read would hold the loader's shutdown 5 s, at garbage collection
+            for worker in getattr(iterator, "_workers", []):
+                worker.terminate()
+            if hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            raise
 
     def close(self) -> None:
         """Stop persistent workers now (they would otherwise live until garbage collection)."""

@@ -39,3 +39,4 @@ class FailureKind(StrEnum):
     LOST_WORKER = "lost_worker"  # its worker process died (killed, crashed): retried with the same params
     LOST_CONTEXT = "lost_context"  # the CUDA context of its process is unusable: the process is replaced
     LOST_LEASE = "lost_lease"  # its process stopped renewing its lease (another machine): retried
+    TIMED_OUT = "timed_out"  # it ran past train.max_trial_seconds: stopped, its device freed, not retried

@@ -74,4 +74,6 @@ class OptunaBackend:
         space: dict[str, Any] = {"space_version": len(versions) or 1}
         if versions:
             space["space_versions"] = versions
-        return SearchResult(coordinator.records(), safe_url(store.url), space)
+        return SearchResult(
+            coordinator.records(), safe_url(store.url), space, device_hours=store.ledger.device_seconds() / 3600
+        )

@@ -57,7 +57,10 @@ class Coordinator:
     ) -> None:
         self.spec, self.study, self.ledger = spec, study, ledger
         # trials per fused model (1: none fused)
-        fuse = spec.search.fuse_size(cuda=spec.train.device != "cpu" and torch.cuda.is_available())
+        cuda = spec.train.device != "cpu" and torch.cuda.is_available()
+        fuse = spec.search.fuse_size(cuda=cuda)
+        self.device_unit = "GPU-hours" if cuda else "core-hours"  # what search.budget counts here
+        self.observer = ctx.observer
         self.budget = Budget(spec, study, ctx.role)
         self.batches = EarlierBatches(spec, study, ctx.enqueue)
         self.proposer = Proposer(spec, study, ledger, heartbeat, self.budget, self.batches, ctx.tracker, fuse)
@@ -86,10 +89,13 @@ class Coordinator:
             if self.live:
                 for outcome in executor.results(POLL_S):
                     self.live.finish(outcome)
+                    self.ledger.spend(outcome.info.get("device_seconds", 0.0))
                 continue
             if self.budget.over(sweep):
                 if self.breaker.stopped is not None:
                     raise self.breaker.stopped
+                if sweep.device_budget_spent():
+                    self.observer.note(budget_spent(sweep, self.device_unit))
                 return
             time.sleep(POLL_S)  # the trials of this batch run elsewhere: the next batch waits for them
 
@@ -109,3 +115,10 @@ class Coordinator:
     def records(self) -> list[TrialRecord]:
         """Every trial of the study (earlier invocations' and other processes' included)."""
         return records(self.study)
+
+
+def budget_spent(sweep: Sweep, unit: str) -> str:
+    """The line that says why a sweep stopped claiming trials: its device budget is spent."""
+    cap = sweep.device_budget_s() or 0.0
+    spent = sweep.device_seconds / 3600
+    return f"device-hour budget spent: {spent:.4g} of {cap / 3600:.4g} {unit}; no further trial claimed"

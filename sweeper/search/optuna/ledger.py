@@ -6,6 +6,9 @@ by every process serving the sweep (on one machine or many).
   and what has been claimed of it: batches and trial slots, each claimed by one atomic
   compare-and-set UPDATE, so the budget is never exceeded nor short, whatever the number of
   processes; a stop request.
+- ``sweeper_spent``: one row per study: the device-seconds its finished trials used, added by
+  one atomic ``UPDATE ... SET device_seconds = device_seconds + ?`` per trial (no update lost,
+  whatever the number of processes), checked against search.budget before each claim.
 - ``sweeper_members``: one row per process serving the sweep (host, pid, role), renewed by its
   heartbeat: ``sweeper status`` shows it, and a claim left by a process that stopped renewing
   can be taken over.
@@ -49,6 +52,12 @@ SWEEPS = sa.Table(
     sa.Column("batch_start", sa.Integer, nullable=False, default=0),  # first slot of the last batch
     sa.Column("proposing", sa.String(128)),  # the lock: member creating or retrying trials, else None
     sa.Column("stop", sa.Boolean, nullable=False, default=False),
+)
+SPENT = sa.Table(  # a table of its own: a ledger made by an older sweeper gains it by create_all
+    "sweeper_spent",
+    METADATA,
+    sa.Column("study", sa.String(512), primary_key=True),
+    sa.Column("device_seconds", sa.Float, nullable=False),  # seconds × devices (GPUs, or CPU threads)
 )
 MEMBERS = sa.Table(
     "sweeper_members",
@@ -103,6 +112,16 @@ class Sweep:
     batch_start: int
     proposing: str | None
     stop: bool
+    device_seconds: float = 0.0  # what the sweep's finished trials spent (sweeper_spent)
+
+    def device_budget_s(self) -> float | None:
+        """search.budget in device-seconds, as `sweeper run` last set it (None: no budget)."""
+        budget = self.spec.get("search", {}).get("budget")
+        return None if budget is None else budget["device_hours"] * 3600
+
+    def device_budget_spent(self) -> bool:
+        cap = self.device_budget_s()
+        return cap is not None and self.device_seconds >= cap
 
     def deadline(self) -> float | None:
         return None if self.timeout_s is None else self.started_at + self.timeout_s
@@ -132,6 +151,7 @@ class Ledger:
         if row is None:
             return None
         return Sweep(
+            device_seconds=self.device_seconds(),
             spec=json.loads(row["spec"]),
             state=row["state"],
             preparer=row["preparer"],
@@ -255,6 +275,33 @@ class Ledger:
 
     def unlock(self) -> None:
         self._update(SWEEPS.c.proposing == self.member, proposing=None)
+
+    # --- spending ------------------------------------------------------------------------------
+
+    def spend(self, device_seconds: float) -> None:
+        """Add a finished trial's device-seconds to the sweep's total (atomically: the database
+        adds, so concurrent processes lose no update)."""
+        if device_seconds <= 0:
+            return
+        add = (
+            SPENT.update()
+            .where(SPENT.c.study == self.name)
+            .values(device_seconds=SPENT.c.device_seconds + device_seconds)
+        )
+        with self.engine.begin() as db:
+            if db.execute(add).rowcount == 1:
+                return
+        try:  # the sweep's first spending: its row
+            with self.engine.begin() as db:
+                db.execute(SPENT.insert().values(study=self.name, device_seconds=device_seconds))
+        except IntegrityError:  # another process inserted it first: add to it
+            with self.engine.begin() as db:
+                db.execute(add)
+
+    def device_seconds(self) -> float:
+        with self.engine.connect() as db:
+            spent = db.execute(sa.select(SPENT.c.device_seconds).where(SPENT.c.study == self.name)).scalar()
+        return float(spent or 0.0)
 
     # --- members -------------------------------------------------------------------------------
 

@@ -198,6 +198,7 @@ class LiveTrials:
             "mlflow_run_id": live.run_id,
             "history": outcome.history,
             **outcome.info,
+            **({"failure": outcome.failure.value} if outcome.failure is not None else {}),
         }
         if values is not None:
             info["values"] = dict(zip([g.metric for g in self.spec.goals], values))

@@ -38,7 +38,7 @@ class Budget:
     def left(self, sweep: Sweep) -> int | None:
         """Slots still to claim (None: no cap, until the timeout); 0 when spent or timed out."""
         deadline = sweep.deadline()
-        if deadline is not None and time.time() >= deadline:
+        if (deadline is not None and time.time() >= deadline) or sweep.device_budget_spent():
             return 0
         cap = self.cap(sweep)
         return None if cap is None else max(0, cap - sweep.proposed)
@@ -51,7 +51,9 @@ class Budget:
         if self.left(sweep) != 0 or sweep.proposing is not None:
             return False
         unfinished = self.study.get_trials(deepcopy=False, states=UNFINISHED)
-        if any(t.state == OptunaState.WAITING for t in unfinished):
+        if sweep.device_budget_spent():  # waiting trials stay waiting (a resume with more budget runs them)
+            unfinished = [t for t in unfinished if t.state != OptunaState.WAITING]
+        elif any(t.state == OptunaState.WAITING for t in unfinished):
             return False
         return self.role == "worker" or not unfinished
 
@@ -95,7 +97,10 @@ class Proposer:
         self.waiting_here: list[FrozenTrial] = []
 
     def next(self, sweep: Sweep) -> Proposal:
-        """Trials to start: WAITING ones claimed, else new ones proposed."""
+        """Trials to start: WAITING ones claimed, else new ones proposed; none once the device
+        budget is spent."""
+        if sweep.device_budget_spent():
+            return NOTHING
         claimed = self.claim_waiting()
         return Proposal(Found.TRIALS, claimed) if claimed else self.propose(sweep)
 

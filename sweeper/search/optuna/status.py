@@ -67,6 +67,8 @@ def report(url: str, name: str) -> dict[str, Any]:
     cap = sweep.n_trials
     unfinished = counts.get(TrialState.RUNNING, 0) + counts.get(TrialState.WAITING, 0)
     to_go = None if cap is None else max(0, cap - sweep.proposed) + unfinished
+    if sweep.device_budget_spent():  # no trial is claimed any more: only the running ones go on
+        to_go = counts.get(TrialState.RUNNING, 0)
     deadline = sweep.deadline()
     eta_s = to_go / per_min * 60 if per_min and to_go is not None else None
     if deadline is not None:
@@ -80,13 +82,18 @@ def report(url: str, name: str) -> dict[str, Any]:
         else "stopped"
         if sweep.stop
         else "done"
-        if to_go == 0 or (deadline is not None and now >= deadline and not unfinished)
+        if to_go == 0
+        or (deadline is not None and now >= deadline and not unfinished)
+        or (sweep.device_budget_spent() and not counts.get(TrialState.RUNNING))
         else "running",
         "budget": {
             "n_trials": cap,
             "claimed": sweep.proposed,
             "timeout_s": sweep.timeout_s,
             "timeout_left_s": None if deadline is None else max(0.0, deadline - now),
+            # search.budget: device-hours spent by finished trials, of how many (None: no budget)
+            "device_hours": None if (cap_s := sweep.device_budget_s()) is None else cap_s / 3600,
+            "device_hours_spent": sweep.device_seconds / 3600,
         },
         "counts": counts,
         "trials_per_min": per_min,
@@ -155,6 +162,8 @@ def show(info: dict[str, Any], out: Any) -> None:
         f"  budget     {budget['claimed']} of {budget['n_trials'] or 'unlimited'} trials claimed"
         + (f"; timeout {budget['timeout_left_s']:.0f} s left" if budget["timeout_s"] else "")
     )
+    if budget.get("device_hours") is not None:
+        out.print(f"  devices    {budget['device_hours_spent']:.4g} of {budget['device_hours']:.4g} device-hours spent")
     out.print(f"  trials     {counts}")
     out.print(f"  throughput {rate} (last finished {since(info['last_finished'])}); time left about {left}")
     table = Table("process", "role", "alive", "last heartbeat", "holds", box=None, padding=(0, 2))

@@ -25,6 +25,7 @@ PER_PROCESS = {
     ("search", "parallel"),
     ("search", "n_trials"),
     ("search", "timeout"),
+    ("search", "budget"),
     ("search", "storage"),
     ("search", "heartbeat_s"),
     ("search", "lease_s"),
