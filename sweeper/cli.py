@@ -28,6 +28,17 @@ err = Console(stderr=True, highlight=False)
 
 SPEC = typer.Argument(..., help="sweep spec (YAML), e.g. search_spaces/digits.yaml", show_default=False)
 OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.epochs=3", show_default=False)
+AUTO = typer.Option(
+    False,
+    "--auto",
+    help="derive the search space from the plugins' declared priors (search.space: auto); "
+    "entries written in search.space win",
+)
+
+
+def with_auto(overrides: list[str] | None, auto: bool) -> list[str]:
+    """The overrides, plus ``search.auto=true`` for ``--auto``."""
+    return [*(overrides or []), *(["search.auto=true"] if auto else [])]
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -60,13 +71,14 @@ def run(
     overrides: list[str] | None = OVERRIDES,
     out: Path | None = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)"),
+    auto: bool = AUTO,
 ) -> None:
     """Run (or resume) a sweep."""
     from sweeper.search import runner
     from sweeper.spec import load
     from sweeper.track.progress import QuietObserver, RichObserver
 
-    sweep = load(spec, overrides or [])
+    sweep = load(spec, with_auto(overrides, auto))
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -202,19 +214,26 @@ def validate(
         help="also time a few training steps of the base "
         "configuration: the time a trial takes and a bound for the sweep",
     ),
+    auto: bool = AUTO,
 ) -> None:
-    """Check a spec and its plugins without training; print the resolved spec and budget."""
+    """Check a spec and its plugins without training; print the resolved spec, its search space
+    with where each entry comes from, and the budget."""
     import yaml
 
+    from sweeper.pluginhost.auto_space import derive, provenance_lines
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.pluginhost.tasks import resolve
     from sweeper.spec import load
     from sweeper.trial.preflight import dry_build
 
-    sweep = resolve(load(spec, overrides or []))
+    derived = derive(load(spec, with_auto(overrides, auto)))
+    sweep = resolve(derived.spec)
     check_plugins(sweep)
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
+    typer.echo("# search space:" if sweep.search.space else "# search space: empty")
+    for line in provenance_lines(derived):
+        typer.echo(f"#   {line}")
     typer.echo(f"# budget: {sweep.budget()}")
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
     typer.echo(f"# dry build: {dry.summary()}")

@@ -173,7 +173,7 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
         )
     tree = apply_overrides(tree, list(overrides))
     spec = validate(tree, str(path))
-    _check_space_types(spec, str(path))
+    check_space_types(spec, str(path))
     return spec
 
 
@@ -250,7 +250,7 @@ def _check_numbers(tree: Any, source: str) -> None:
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(node))
 
 
-def _check_space_types(spec: SweepSpec, source: str) -> None:
+def check_space_types(spec: SweepSpec, source: str) -> None:
     """Each searched value must fit the field it addresses (e.g. train.batch_size is an int).
     Checked against the spec without its search section: that section is not what the values
     address, and a large space would otherwise be copied once per value."""
