@@ -36,11 +36,6 @@ AUTO = typer.Option(
 )
 
 
-def with_auto(overrides: list[str] | None, auto: bool) -> list[str]:
-    """The overrides, plus ``search.auto=true`` for ``--auto``."""
-    return [*(overrides or []), *(["search.auto=true"] if auto else [])]
-
-
 def user_errors(fn: Callable) -> Callable:
     """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback. A
     sweep its circuit breaker stopped (SweepStopped): its message, exit code 1."""
@@ -78,7 +73,7 @@ def run(
     from sweeper.spec import load
     from sweeper.track.progress import QuietObserver, RichObserver
 
-    sweep = load(spec, with_auto(overrides, auto))
+    sweep = load(spec, overrides or [], auto=auto)
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -226,7 +221,7 @@ def validate(
     from sweeper.spec import load
     from sweeper.trial.preflight import dry_build
 
-    derived = derive(load(spec, with_auto(overrides, auto)))
+    derived = derive(load(spec, overrides or [], auto=auto))
     sweep = resolve(derived.spec)
     check_plugins(sweep)
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
