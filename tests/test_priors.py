@@ -196,14 +196,23 @@ def test_malformed_priors_and_auto_lists_are_user_errors(site: Path):
         spec_with(search={"auto": {"modles": ["mlp"]}})
 
 
-def test_auto_sweep_and_validate_print_where_each_entry_comes_from(workdir: Path):
+def test_an_auto_sweep_chooses_among_models(workdir: Path):
     spec = write_spec(
         workdir / "auto.yaml",
         dataset={"plugin": "digits"},
         model={"plugin": "mlp"},
         optimizer={"plugin": "adamw"},
         train={"epochs": 1, "batch_size": 64, "device": "cpu"},
-        search={"n_trials": 2, "batch_size": 2, "auto": {"models": ["mlp", "cnn"], "train": False}},
+        search={
+            "n_trials": 2,
+            "batch_size": 2,
+            "auto": {"models": ["mlp", "cnn"], "train": False},
+            # small models for a test (hand-written entries win over the derived ones)
+            "space": {
+                "model.args.channels": {"type": "categorical", "choices": [8], "when": {"model.plugin": "cnn"}},
+                "model.args.hidden": {"type": "categorical", "choices": [16], "when": {"model.plugin": "mlp"}},
+            },
+        },
         tracking={"enabled": False},
     )
     proc = sweeper("run", str(spec), "--auto", "--out", "out", "--quiet", check=True)
@@ -221,14 +230,22 @@ def test_auto_sweep_and_validate_print_where_each_entry_comes_from(workdir: Path
             else {"model.args.channels", "model.args.blocks"}
         ) | {"model.args.dropout"}
 
-    proc = sweeper("validate", str(spec), "search.space.optimizer.args.lr={type: float, low: 0.001, high: 0.01}")
+
+def test_validate_prints_where_each_entry_comes_from(workdir: Path):
+    lr = {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}
+    spec = write_spec(workdir / "smoke.yaml", search={"space": {"optimizer.args.lr": lr}}, tracking={"enabled": False})
+    proc = sweeper("validate", str(spec), "--auto", "model.args={depth: 1}")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "# search space:" in lines
-    # not --auto, and the spec's search.auto is set: the same derived space, the hand-written lr in it
-    assert any("optimizer.args.lr" in line and HAND_WRITTEN in line for line in lines)
-    hidden = next(line for line in lines if line.startswith("#   model.args.hidden"))
-    assert "int 32..512 log when model.plugin=mlp  <- prior of model plugin 'mlp'" in hidden
+    entries = {line.split()[1]: line for line in lines if line.startswith("#   ")}
+    assert HAND_WRITTEN in entries["optimizer.args.lr"]  # smoke's own lr range wins
+    assert "model.args.depth" not in entries  # fixed by the spec
+    assert (
+        "int 32..512 log  <- prior of model plugin 'mlp' (annotation of sweeper_plugins.models:mlp"
+        in (entries["model.args.hidden"])
+    )
+    assert "train.batch_size" in entries and "training default" in entries["train.batch_size"]
 
 
 class _First:

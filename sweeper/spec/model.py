@@ -285,9 +285,10 @@ class SearchSpec(_Strict):
                 "'task.plugin' cannot be searched: the task fixes the metrics the objective compares; "
                 "search its arguments (task.args.*) or run one sweep per task"
             )
-        sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
-        for path in self.space:
-            sp.enabling(self.space, path)  # raises on a condition no draw satisfies
+        if self.auto is None:  # auto: written entries may refer to derived ones (model.plugin); checked once derived
+            sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+            for path in self.space:
+                sp.enabling(self.space, path)  # raises on a condition no draw satisfies
         lr = self.space.get("optimizer.args.lr")
         if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam) and self.auto is None:
             raise ValueError("lr_finder needs optimizer.args.lr in search.space as a float parameter")
