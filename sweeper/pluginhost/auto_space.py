@@ -71,11 +71,11 @@ def derive(spec: SweepSpec) -> Derived:
         derived = SweepSpec.model_validate(tree)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(map(str, error["loc"])) or "search"
+        where = ".".join(map(str, error["loc"]))
         problem = error["msg"].removeprefix("Value error, ")
         raise UserError(
-            f"search.auto: the derived search space is refused at {where}: {problem}; "
-            f"write the entry in search.space by hand (it wins over the derived one)"
+            f"search.auto: the derived search space is refused{f' at {where}' if where != 'search' else ''}: "
+            f"{problem}; an entry written in search.space replaces the derived one of its path"
         ) from None
     check_space_types(derived, "search.auto")
     return Derived(derived, {path: sources[path] for path in space})
