@@ -22,7 +22,7 @@ from sweeper.pluginhost.priors import Declared, declared
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.spec.load import check_space_types
-from sweeper.spec.model import MAX_BATCH, AutoSpaceSpec
+from sweeper.spec.model import AutoSpaceSpec
 
 HAND_WRITTEN = "search.space (hand-written)"
 # spec section -> (plugin kind, its list in search.auto)
@@ -166,14 +166,16 @@ def _envelope(path: str, params: list[sp.Param], owners: list[str], kind: str) -
 
 
 def _training(spec: SweepSpec, hand: dict[str, sp.Param]) -> dict[str, tuple[sp.Param, str]]:
-    """train.batch_size around the spec's (a quarter to twice it: the powers of two of a spec
-    at 128), and train.label_smoothing for a task that takes it and was given none."""
+    """train.batch_size: the spec's, and the powers of two from a quarter of it up to it (32, 64,
+    128 for 128): no larger, as the spec's is the one known to fit the data and the device's
+    memory. train.label_smoothing: for a task that takes it and was given none."""
     out: dict[str, tuple[sp.Param, str]] = {}
     batch = spec.train.batch_size
-    sizes = sorted({b for b in (batch // 4, batch // 2, batch, batch * 2) if spec.train.accumulate <= b <= MAX_BATCH})
+    powers = {1 << k for k in range(batch.bit_length()) if batch <= 4 * (1 << k) < 4 * batch}
+    sizes = sorted(b for b in {*powers, batch} if b >= spec.train.accumulate)
     if "train.batch_size" not in hand and len(sizes) > 1:
         param = sp.CategoricalParam(type="categorical", choices=list(sizes))
-        out["train.batch_size"] = (param, f"training default (a quarter to twice train.batch_size: {batch})")
+        out["train.batch_size"] = (param, f"training default (powers of two from train.batch_size / 4 up to {batch})")
     task_takes = accepted_args(registry.get("tasks", spec.task.plugin))
     smoothing = task_takes is not None and "label_smoothing" in task_takes
     given = spec.train.label_smoothing or "label_smoothing" in spec.task.args or "task.args.label_smoothing" in hand
