@@ -432,6 +432,7 @@ def show(
     from sweeper import PLUGIN_API_VERSION
     from sweeper.plugin import INJECTED
     from sweeper.pluginhost import binding, registry
+    from sweeper.pluginhost.priors import annotated_priors, prior_text
 
     if kind is not None and kind not in LISTED:
         raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(LISTED)}")
@@ -455,11 +456,15 @@ def show(
         accepted = binding.accepted_args(factory)  # None: **kwargs, takes whatever sweeper passes
         injected = [a for a in INJECTED[p.kind] if accepted is None or a in accepted]
         out.print(f"  set by sweeper: {', '.join(injected) or 'nothing'}")
-        table = Table("argument", "default", "type", title=None, box=None, padding=(0, 2))
+        priors = annotated_priors(factory, p.kind)
+        table = Table("argument", "default", "type", "search prior", title=None, box=None, padding=(0, 2))
         for row in binding.describe_args(p.kind, factory):
-            table.add_row(*row)
+            table.add_row(*row, prior_text(priors[row[0]]) if row[0] in priors else "")
         out.print(table)
-        out.print(f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>")
+        out.print(
+            f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>; "
+            f"search.space: auto searches each over its prior"
+        )
 
 
 @app.command()

@@ -17,7 +17,7 @@ from sweeper.plugin import Choice, IntRange, LogUniform, Uniform
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.auto_space import HAND_WRITTEN, derive
 from sweeper.pluginhost.binding import factory_annotations
-from sweeper.pluginhost.priors import declared
+from sweeper.pluginhost.priors import annotated_priors, declared, prior_text
 from sweeper.spec import SweepSpec, validate
 from sweeper.spec import space as sp
 
@@ -102,6 +102,29 @@ def test_a_third_party_plugin_declares_priors(site: Path):
     assert derived.spec.search.auto is None  # the resolved spec is explicit
     assert "model.args.gain" not in sp.suggest(space, _First())  # act: relu, its first choice
     assert sp.suggest(space, _First({"model.args.act": "tanh"}))["model.args.gain"] == 0.5
+
+
+def test_the_example_third_party_package_declares_priors(monkeypatch: pytest.MonkeyPatch):
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "sweeper-plugin-example" / "src"))
+    from sweeper_plugin_example.models import gated_mlp
+    from sweeper_plugin_example.optim import lion
+
+    assert annotated_priors(lion, "optimizers") == {
+        "lr": LogUniform(1e-5, 1e-3),
+        "beta1": Uniform(0.8, 0.95),
+        "beta2": Uniform(0.95, 0.999),
+        "weight_decay": LogUniform(1e-3, 1.0),
+    }
+    assert annotated_priors(gated_mlp, "models")["expansion"] == Choice(1, 2, 4)
+    assert prior_text(annotated_priors(gated_mlp, "models")["width"]) == "int 16..256 log"
+
+
+def test_plugins_show_lists_each_argument_s_prior():
+    out = sweeper("plugins", "show", "cnn", check=True).stdout
+    channels = next(line for line in out.splitlines() if line.strip().startswith("channels"))
+    assert channels.split()[-3:] == ["int", "16..128", "log"]
 
 
 def test_a_derived_space_chooses_among_plugins_with_conditional_arguments(site: Path):

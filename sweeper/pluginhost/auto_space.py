@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from sweeper.errors import UserError
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import accepted_args, plugin_choices
-from sweeper.pluginhost.priors import Declared, declared
+from sweeper.pluginhost.priors import Declared, declared, describe
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.spec.load import check_space_types
@@ -213,18 +213,6 @@ def _default(spec: SweepSpec, section: str, arg: str) -> Any:
     factory = registry.get(SEARCHED_SECTIONS[section], getattr(spec, section).plugin)
     parameter = inspect.signature(factory).parameters.get(arg)
     return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
-
-
-def describe(param: sp.Param) -> str:
-    """A search-space entry in one line: ``int 32..512 log``, ``one of [mlp, cnn]``, with its condition."""
-    if isinstance(param, sp.CategoricalParam):
-        text = f"one of {param.choices}"
-    else:
-        text = f"{param.type} {param.low:g}..{param.high:g}" + (" log" if param.log else "")
-        step = param.step if isinstance(param, sp.FloatParam) else (param.step if param.step != 1 else None)
-        text += f" step {step:g}" if step else ""
-    conditions = ", ".join(f"{dep}={value}" for dep, value in (param.when or {}).items())
-    return f"{text} when {conditions}" if conditions else text
 
 
 def provenance_lines(derived: Derived) -> list[str]:

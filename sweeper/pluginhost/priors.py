@@ -65,6 +65,29 @@ def annotated_priors(factory: Callable[..., Any], kind: str) -> dict[str, Prior]
     return found
 
 
+def describe(param: sp.Param) -> str:
+    """A search-space entry in one line: ``int 32..512 log``, ``one of [mlp, cnn]``, with its condition."""
+    if isinstance(param, sp.CategoricalParam):
+        text = f"one of {param.choices}"
+    else:
+        text = f"{param.type} {param.low:g}..{param.high:g}" + (" log" if param.log else "")
+        step = param.step if isinstance(param, sp.FloatParam) else (param.step if param.step != 1 else None)
+        text += f" step {step:g}" if step else ""
+    conditions = ", ".join(f"{dep}={value}" for dep, value in (param.when or {}).items())
+    return f"{text} when {conditions}" if conditions else text
+
+
+def prior_text(prior: Prior) -> str:
+    """A prior as `sweeper plugins show` lists it: ``int 32..512 log``, ``one of [3, 5]``, with
+    its condition on other arguments; a malformed one as written."""
+    try:
+        param = _PARAM.validate_python(prior.as_param())
+    except (ValidationError, NotImplementedError):
+        return f"{prior!r} (malformed)"
+    conditions = ", ".join(f"{arg}={value}" for arg, value in (prior.when or {}).items())
+    return describe(param) + (f" when {conditions}" if conditions else "")
+
+
 def declared(kind: str, name: str) -> dict[str, Declared]:
     """The priors plugin ``name`` of ``kind`` declares, checked: a malformed one (low > high, a
     condition on an argument it does not have) is a UserError naming the plugin and argument."""
