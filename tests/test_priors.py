@@ -103,6 +103,13 @@ def test_a_third_party_plugin_declares_priors(site: Path):
     assert "model.args.gain" not in sp.suggest(space, _First())  # act: relu, its first choice
     assert sp.suggest(space, _First({"model.args.act": "tanh"}))["model.args.gain"] == 0.5
 
+    # a condition on an argument that is not searched is decided on its fixed value or default
+    def gain(model: dict[str, object]) -> sp.Param | None:
+        return derive(spec_with(model=model, search={"space": "auto"})).spec.search.space.get("model.args.gain")
+
+    assert gain({"plugin": "tiny", "args": {"act": "tanh"}}) == sp.FloatParam(type="float", low=0.5, high=2.0, log=True)
+    assert gain({"plugin": "tiny", "args": {"act": "relu"}}) is None
+
 
 def test_the_example_third_party_package_declares_priors(monkeypatch: pytest.MonkeyPatch):
     from conftest import REPO

@@ -189,8 +189,8 @@ def _training(spec: SweepSpec, hand: dict[str, sp.Param]) -> dict[str, tuple[sp.
 
 def _settle_conditions(spec: SweepSpec, space: dict[str, sp.Param]) -> dict[str, sp.Param]:
     """A derived condition on an argument that is not searched (the spec fixes it, or no prior
-    covers it) is decided now, on its fixed value or the plugin's default: met, the condition
-    goes; not met, so does the entry."""
+    covers it) is decided now, on its fixed value or the default of the plugin that declares the
+    condition: met, the condition goes; not met, so does the entry."""
     settled = {}
     for path, param in space.items():
         when = dict(param.when or {})
@@ -199,7 +199,9 @@ def _settle_conditions(spec: SweepSpec, space: dict[str, sp.Param]) -> dict[str,
             if dep in space or ".args." not in dep:
                 continue
             section, _, arg = dep.partition(".args.")
-            value = getattr(spec, section).args.get(arg, _default(spec, section, arg))
+            owner = when.get(f"{section}.plugin", getattr(spec, section).plugin)
+            owner = owner[0] if isinstance(owner, list) else owner  # shared conditions are alike (checked)
+            value = getattr(spec, section).args.get(arg, _default(section, str(owner), arg))
             keep = keep and sp.accepts(condition, value)
             del when[dep]
         if keep:
@@ -207,10 +209,11 @@ def _settle_conditions(spec: SweepSpec, space: dict[str, sp.Param]) -> dict[str,
     return settled
 
 
-def _default(spec: SweepSpec, section: str, arg: str) -> Any:
+def _default(section: str, plugin: str, arg: str) -> Any:
+    """The default of argument ``arg`` of ``section``'s plugin ``plugin`` (None: it has none)."""
     import inspect
 
-    factory = registry.get(SEARCHED_SECTIONS[section], getattr(spec, section).plugin)
+    factory = registry.get(SEARCHED_SECTIONS[section], plugin)
     parameter = inspect.signature(factory).parameters.get(arg)
     return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
