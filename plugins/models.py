@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import Field
 from torch import nn
 
+from sweeper.plugin import IntRange, Uniform
+
 # The ranges sweeper checks each value against before any trial (fixed or searched): far above
 # any model that trains here, far below what exhausts memory while building one (a typo).
 Width = Annotated[int, Field(ge=1, le=65_536)]  # units (features or channels) of a layer
@@ -16,7 +18,12 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 def mlp(
-    *, input_shape: tuple[int, ...], num_classes: int, hidden: Width = 256, depth: Depth = 2, dropout: Probability = 0.0
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: Annotated[Width, IntRange(32, 512, log=True)] = 256,
+    depth: Annotated[Depth, IntRange(1, 4)] = 2,
+    dropout: Annotated[Probability, Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """Flatten -> ``depth`` x (Linear(hidden) -> ReLU -> Dropout) -> Linear(num_classes)."""
     layers: list[nn.Module] = [nn.Flatten()]
@@ -40,9 +47,10 @@ def cnn(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    channels: Width = 32,
-    blocks: Annotated[int, Field(ge=1, le=16)] = 2,  # channels double per block: 2**16 times the first
-    dropout: Probability = 0.0,
+    channels: Annotated[Width, IntRange(16, 128, log=True)] = 32,
+    # channels double per block: 2**16 times the first at most
+    blocks: Annotated[int, Field(ge=1, le=16), IntRange(1, 3)] = 2,
+    dropout: Annotated[Probability, Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """``blocks`` x (2 conv3x3-BN-ReLU, channels doubling, 2x2 max-pool) -> global avg pool -> Linear.
 
@@ -81,7 +89,10 @@ class BasicBlock(nn.Module):
 
 
 def resnet18(
-    *, input_shape: tuple[int, ...], num_classes: int, width: Annotated[int, Field(ge=1, le=4096)] = 64
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    width: Annotated[int, Field(ge=1, le=4096), IntRange(16, 128, log=True)] = 64,
 ) -> nn.Module:
     """ResNet-18 for small images: 3x3 stride-1 stem, no max-pool, stages of width
     ``width * (1, 2, 4, 8)`` with 2 basic blocks each (He et al. 2016, CIFAR variant)."""

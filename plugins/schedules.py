@@ -8,6 +8,8 @@ from typing import Annotated
 from pydantic import Field
 from torch.optim import Optimizer, lr_scheduler
 
+from sweeper.plugin import IntRange, LogUniform, Uniform
+
 Positive = Annotated[float, Field(gt=0.0)]
 Epochs = Annotated[int, Field(ge=1, le=100_000)]
 
@@ -22,8 +24,8 @@ def onecycle(
     *,
     epochs: int,
     steps_per_epoch: int,
-    pct_start: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.25,  # of the steps spent rising to the peak
-    div_factor: Positive = 25.0,
+    pct_start: Annotated[float, Field(gt=0.0, lt=1.0), Uniform(0.1, 0.5)] = 0.25,  # of the steps rising to the peak
+    div_factor: Annotated[Positive, LogUniform(5.0, 100.0)] = 25.0,  # the starting LR is the peak / div_factor
     final_div_factor: Positive = 1e4,
     cycle_momentum: bool = False,
 ) -> lr_scheduler.OneCycleLR:
@@ -48,7 +50,7 @@ def cosine(
     *,
     epochs: int,
     steps_per_epoch: int,
-    warmup_epochs: Annotated[float, Field(ge=0.0, le=100_000)] = 0.0,
+    warmup_epochs: Annotated[float, Field(ge=0.0, le=100_000), Uniform(0.0, 1.0)] = 0.0,
     min_lr: Annotated[float, Field(ge=0.0)] = 0.0,
 ) -> lr_scheduler.LRScheduler:
     """Cosine decay to ``min_lr`` over the run, after an optional linear warm-up (epochs)."""
@@ -62,7 +64,12 @@ def cosine(
 
 
 def step(
-    optimizer: Optimizer, *, epochs: int, steps_per_epoch: int, step_epochs: Epochs = 10, gamma: Positive = 0.1
+    optimizer: Optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    step_epochs: Annotated[Epochs, IntRange(2, 30)] = 10,
+    gamma: Annotated[Positive, LogUniform(0.05, 0.5)] = 0.1,
 ) -> lr_scheduler.StepLR:
     """Multiply the LR by ``gamma`` every ``step_epochs`` epochs."""
     return lr_scheduler.StepLR(optimizer, step_size=step_epochs * steps_per_epoch, gamma=gamma)
@@ -73,8 +80,8 @@ def plateau(
     *,
     epochs: int,
     steps_per_epoch: int,
-    factor: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.1,  # torch refuses 1 and above
-    patience: Annotated[int, Field(ge=0, le=100_000)] = 2,  # epochs
+    factor: Annotated[float, Field(gt=0.0, lt=1.0), Uniform(0.1, 0.5)] = 0.1,  # torch refuses 1 and above
+    patience: Annotated[int, Field(ge=0, le=100_000), IntRange(1, 5)] = 2,  # epochs
     min_lr: Annotated[float, Field(ge=0.0)] = 0.0,
 ) -> lr_scheduler.ReduceLROnPlateau:
     """Multiply the LR by ``factor`` when the validation loss stalls for ``patience`` epochs."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from sweeper.plugin import Choice, IntRange, Uniform
 from sweeper_plugins.models import Depth, Probability, Width
 
 Kernel = Annotated[int, Field(ge=1, le=1_025)]  # positions a convolution sees
@@ -74,10 +75,11 @@ def conv1d(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    width: Width = 32,
-    depth: Annotated[int, Field(ge=1, le=64)] = 3,  # widths double every other layer: 2**32 times the first
-    kernel_size: Kernel = 5,
-    dropout: Probability = 0.0,
+    width: Annotated[Width, IntRange(16, 128, log=True)] = 32,
+    # widths double every other layer: 2**32 times the first at most
+    depth: Annotated[int, Field(ge=1, le=64), IntRange(1, 4)] = 3,
+    kernel_size: Annotated[Kernel, Choice(3, 5, 7)] = 5,
+    dropout: Annotated[Probability, Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """A 1-D CNN: ``depth`` convolutions of ``kernel_size`` (odd sizes keep the length), global
     mean pooling, a linear head."""
@@ -109,9 +111,9 @@ def gru(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    hidden: Width = 64,
-    depth: Annotated[int, Field(ge=1, le=64)] = 1,  # stacked GRU layers
-    dropout: Probability = 0.0,
+    hidden: Annotated[Width, IntRange(16, 256, log=True)] = 64,
+    depth: Annotated[int, Field(ge=1, le=64), IntRange(1, 3)] = 1,  # stacked GRU layers
+    dropout: Annotated[Probability, Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """A GRU classifier (Cho et al. 2014): ``depth`` stacked layers of ``hidden`` units, the
     final state read by a linear head."""
@@ -194,11 +196,11 @@ def transformer(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    width: Width = 32,
-    depth: Depth = 2,
-    heads: Heads = 4,  # must divide width
-    mlp_ratio: Annotated[int, Field(ge=1, le=16)] = 2,  # the MLP's hidden units, times width
-    dropout: Probability = 0.0,
+    width: Annotated[Width, Choice(32, 64, 128)] = 32,
+    depth: Annotated[Depth, IntRange(1, 4)] = 2,
+    heads: Annotated[Heads, Choice(1, 2, 4)] = 4,  # must divide width (each prior's choice does)
+    mlp_ratio: Annotated[int, Field(ge=1, le=16), Choice(2, 4)] = 2,  # the MLP's hidden units, times width
+    dropout: Annotated[Probability, Uniform(0.0, 0.3)] = 0.0,
     max_length: Annotated[int, Field(ge=1, le=1_000_000)] | None = None,  # positions coded; None: the data's length
 ) -> nn.Module:
     """A small Transformer encoder classifier (pre-norm blocks, sinusoidal positions, mean

@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from sweeper.plugin import DataSplits, TabularFeatures
+from sweeper.plugin import DataSplits, IntRange, TabularFeatures, Uniform
 from sweeper_plugins.datasets import Fraction, split_indices
 from sweeper_plugins.models import Depth, Probability, Width
 
@@ -213,9 +213,9 @@ def tabular_mlp(
     input_shape: tuple[int, ...],
     num_classes: int,
     features: TabularFeatures | None = None,
-    hidden: Width = 128,
-    depth: Depth = 2,
-    dropout: Probability = 0.1,
+    hidden: Annotated[Width, IntRange(32, 512, log=True)] = 128,
+    depth: Annotated[Depth, IntRange(1, 4)] = 2,
+    dropout: Annotated[Probability, Uniform(0.0, 0.5)] = 0.1,
     embedding_dim: Annotated[int | None, Field(ge=1, le=1_024)] = None,
 ) -> nn.Module:
     """An MLP over a table's rows: an embedding per categorical column (``embedding_dim`` wide;

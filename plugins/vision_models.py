@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import Field
 from torch import nn
 
-from sweeper.plugin import FUSABLE_ATTR
+from sweeper.plugin import FUSABLE_ATTR, Uniform
 
 # timm's distribution, as an extra of sweeper's (pyproject.toml: optional-dependencies.timm)
 TIMM_HINT = "pip install 'sweeper[timm]'"
@@ -52,7 +52,7 @@ def torchvision_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     arch: str = "resnet18",
-    dropout: Annotated[float | None, Field(ge=0.0, le=1.0)] = None,
+    dropout: Annotated[float | None, Field(ge=0.0, le=1.0), Uniform(0.0, 0.5)] = None,
 ) -> nn.Module:
     """torchvision's classification architecture ``arch`` (``resnet18``, ``mobilenet_v3_small``,
     ``efficientnet_b0``, ``convnext_tiny``, ``vit_b_16``, ...; ``torchvision.models.list_models``),
@@ -81,7 +81,7 @@ def timm_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     arch: str = "resnet18",
-    drop_rate: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0,
+    drop_rate: Annotated[float, Field(ge=0.0, le=1.0), Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """timm's architecture ``arch`` (``timm.list_models()``), untrained, with ``num_classes``
     outputs and the data's input channels; ``drop_rate``: dropout before the classifier. Needs

@@ -28,6 +28,12 @@ err = Console(stderr=True, highlight=False)
 
 SPEC = typer.Argument(..., help="sweep spec (YAML), e.g. search_spaces/digits.yaml", show_default=False)
 OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.epochs=3", show_default=False)
+AUTO = typer.Option(
+    False,
+    "--auto",
+    help="derive the search space from the plugins' declared priors (search.space: auto); "
+    "entries written in search.space win",
+)
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -60,13 +66,14 @@ def run(
     overrides: list[str] | None = OVERRIDES,
     out: Path | None = typer.Option(None, "--out", help="output folder [default: runs/<name>]"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display (for CI)"),
+    auto: bool = AUTO,
 ) -> None:
     """Run (or resume) a sweep."""
     from sweeper.search import runner
     from sweeper.spec import load
     from sweeper.track.progress import QuietObserver, RichObserver
 
-    sweep = load(spec, overrides or [])
+    sweep = load(spec, overrides or [], auto=auto)
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -202,16 +209,20 @@ def validate(
         help="also time a few training steps of the base "
         "configuration: the time a trial takes and a bound for the sweep",
     ),
+    auto: bool = AUTO,
 ) -> None:
-    """Check a spec and its plugins without training; print the resolved spec and budget."""
+    """Check a spec and its plugins without training; print the resolved spec, its search space
+    with where each entry comes from, and the budget."""
     import yaml
 
+    from sweeper.pluginhost.auto_space import derive, provenance_lines
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.pluginhost.tasks import resolve
     from sweeper.spec import load
     from sweeper.trial.preflight import dry_build
 
-    sweep = resolve(load(spec, overrides or []))
+    derived = derive(load(spec, overrides or [], auto=auto))
+    sweep = resolve(derived.spec)
     check_plugins(sweep)
     if sweep.search.warm_start:
         from sweeper.search.optuna import earlier
@@ -219,6 +230,9 @@ def validate(
         earlier.check(sweep, None)  # each earlier sweep is there and measured the same objective
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
+    typer.echo("# search space:" if sweep.search.space else "# search space: empty")
+    for line in provenance_lines(derived):
+        typer.echo(f"#   {line}")
     typer.echo(f"# budget: {sweep.budget()}")
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
     typer.echo(f"# dry build: {dry.summary()}")
@@ -422,6 +436,7 @@ def show(
     from sweeper import PLUGIN_API_VERSION
     from sweeper.plugin import INJECTED
     from sweeper.pluginhost import binding, registry
+    from sweeper.pluginhost.priors import annotated_priors, prior_text
 
     if kind is not None and kind not in LISTED:
         raise UserError(f"unknown plugin kind '{kind}'; expected one of: {', '.join(LISTED)}")
@@ -445,11 +460,15 @@ def show(
         accepted = binding.accepted_args(factory)  # None: **kwargs, takes whatever sweeper passes
         injected = [a for a in INJECTED[p.kind] if accepted is None or a in accepted]
         out.print(f"  set by sweeper: {', '.join(injected) or 'nothing'}")
-        table = Table("argument", "default", "type", title=None, box=None, padding=(0, 2))
+        priors = annotated_priors(factory, p.kind)
+        table = Table("argument", "default", "type", "search prior", title=None, box=None, padding=(0, 2))
         for row in binding.describe_args(p.kind, factory):
-            table.add_row(*row)
+            table.add_row(*row, prior_text(priors[row[0]]) if row[0] in priors else "")
         out.print(table)
-        out.print(f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>")
+        out.print(
+            f"  search one in a spec under search.space as {p.kind[:-1]}.args.<argument>; "
+            f"search.space: auto searches each over its prior"
+        )
 
 
 @app.command()

@@ -33,6 +33,11 @@ prepared there: downloaded or located) and takes one training step on a few samp
 the dry build. ``in_dry_build()`` is True meanwhile, for a plugin with side effects meant only
 for real trials (counting builds, logging to a service) to skip them.
 
+A factory may declare the search prior of an argument in its annotation, with the types below
+(``Uniform``, ``LogUniform``, ``IntRange``, ``Choice``): ``lr: Annotated[float, LogUniform(1e-5,
+1.0)] = 3e-4``. ``search.space: auto`` builds the search space from them (sweeper/pluginhost/
+priors.py reads them; docs/plugins.md, "Search priors").
+
 The attributes a plugin may set for sweeper to read (``API_ATTR``, ``CHANNELS_LAST_ATTR``,
 ``FUSABLE_ATTR``) are named here and nowhere else. Versioning: the module an entry point names
 may declare ``SWEEPER_PLUGIN_API = 1`` (or a list of versions); ``registry.get`` refuses a plugin
@@ -56,6 +61,11 @@ if TYPE_CHECKING:
 __all__ = [
     "API_ATTR",
     "CHANNELS_LAST_ATTR",
+    "Choice",
+    "IntRange",
+    "LogUniform",
+    "Prior",
+    "Uniform",
     "FUSABLE_ATTR",
     "DataSplits",
     "DatasetFactory",
@@ -386,6 +396,77 @@ class TaskFactory(Protocol):
     """``sweeper.tasks``: a task from the spec's ``task.args`` alone."""
 
     def __call__(self) -> Task: ...
+
+
+# --- search priors ------------------------------------------------------------------------------
+# Declared in a factory's annotations (``Annotated[float, LogUniform(1e-4, 1e-1)]``): the range
+# ``search.space: auto`` searches an argument over. Plain data, no spec import: the host turns
+# each into a search-space parameter (``as_param``) and checks it there.
+
+# A prior's condition: another argument of the same factory -> the value (or list of values, any
+# of which) it must take for this argument to be searched, e.g. ``when={"momentum_on": True}``.
+When = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Base of the priors; ``when`` (keyword only) conditions it on other arguments of the factory."""
+
+    when: When | None = field(default=None, kw_only=True)
+
+    def as_param(self) -> dict[str, Any]:
+        """The search-space parameter as the spec writes it (``{type: float, low: ..., ...}``),
+        without the condition."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Uniform(Prior):
+    """A float drawn uniformly from [low, high]."""
+
+    low: float
+    high: float
+
+    def as_param(self) -> dict[str, Any]:
+        return {"type": "float", "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class LogUniform(Prior):
+    """A float whose logarithm is uniform on [log low, log high] (low > 0): learning rates, decays."""
+
+    low: float
+    high: float
+
+    def as_param(self) -> dict[str, Any]:
+        return {"type": "float", "low": self.low, "high": self.high, "log": True}
+
+
+@dataclass(frozen=True)
+class IntRange(Prior):
+    """An int from [low, high], both included: in steps of ``step``, or log-uniform (widths)."""
+
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+    def as_param(self) -> dict[str, Any]:
+        return {"type": "int", "low": self.low, "high": self.high, "log": self.log, "step": self.step}
+
+
+@dataclass(frozen=True, init=False)
+class Choice(Prior):
+    """One of ``values`` (plain values: bool, int, float, str, None): ``Choice("relu", "gelu")``."""
+
+    values: tuple[Any, ...]
+
+    def __init__(self, *values: Any, when: When | None = None) -> None:
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "when", when)
+
+    def as_param(self) -> dict[str, Any]:
+        return {"type": "categorical", "choices": list(self.values)}
 
 
 # True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).

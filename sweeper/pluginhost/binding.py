@@ -40,7 +40,7 @@ def searched_args(spec: SweepSpec, section: str, name: str) -> list[tuple[str, s
     return [
         (path.removeprefix(prefix), param)
         for path, param in spec.search.space.items()
-        if path.startswith(prefix) and (param.when or {}).get(f"{section}.plugin", name) == name
+        if path.startswith(prefix) and sp.accepts((param.when or {}).get(f"{section}.plugin", name), name)
     ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from sweeper.errors import UserError
 from sweeper.plugin import Task
 from sweeper.pluginhost import registry
+from sweeper.pluginhost.auto_space import derive
 from sweeper.pluginhost.binding import accepted_args, bind_args, check_types
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import FOOTPRINT_METRICS, LOSSES, Objective
@@ -40,7 +41,9 @@ def resolve(spec: SweepSpec) -> SweepSpec:
     """``spec`` with its objective(s) resolved against its task: the task's default objective when
     the spec names none; the task's direction for a metric given without one. Raises UserError
     (exit 2) naming the path for a metric the task does not report, or a combination it cannot
-    train. Resolving a resolved spec changes nothing."""
+    train. Resolving a resolved spec changes nothing. A ``search.auto`` spec gets its derived
+    search space first (auto_space.py)."""
+    spec = derive(spec).spec
     name = spec.task.plugin
     bind_args("tasks", name, spec.task.args, "task.args")
     check_types("tasks", name, {a: [(v, None)] for a, v in spec.task.args.items()}, "task.args")

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -163,8 +163,10 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         raise UserError(f"override: {exc}") from None
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
-    """Read, override and validate a spec; every problem becomes a UserError naming the path."""
+def load(path: str | Path, overrides: Sequence[str] = (), auto: bool = False) -> SweepSpec:
+    """Read, override and validate a spec; every problem becomes a UserError naming the path.
+    ``auto`` (`--auto`): derive the search space from the plugins' priors, as ``search.auto``
+    asks, keeping what the spec's own ``search.auto`` sets."""
     path = Path(path)
     tree = parse_yaml(read_text(path), str(path))
     if not isinstance(tree, dict):
@@ -172,8 +174,11 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
             f"{path}: expected a mapping of spec sections (name, dataset, model, ...), got {type(tree).__name__}"
         )
     tree = apply_overrides(tree, list(overrides))
+    search = tree.get("search")
+    if auto and (search is None or isinstance(search, dict)) and not (search or {}).get("auto"):
+        tree = {**tree, "search": {**(search or {}), "auto": True}}
     spec = validate(tree, str(path))
-    _check_space_types(spec, str(path))
+    check_space_types(spec, str(path))
     return spec
 
 
@@ -250,7 +255,7 @@ def _check_numbers(tree: Any, source: str) -> None:
             stack.extend((f"{where}[{i}]", v) for i, v in enumerate(node))
 
 
-def _check_space_types(spec: SweepSpec, source: str) -> None:
+def check_space_types(spec: SweepSpec, source: str) -> None:
     """Each searched value must fit the field it addresses (e.g. train.batch_size is an int).
     Checked against the spec without its search section: that section is not what the values
     address, and a large space would otherwise be copied once per value."""
@@ -294,8 +299,13 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return []
-        model = field.annotation
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        # an optional section (AutoSpaceSpec | None): its model
+        model = next((m for m in get_args(field.annotation) if _is_model(m)), field.annotation)
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def json_schema() -> dict[str, Any]:

@@ -196,6 +196,18 @@ class BudgetSpec(_Strict):
     )
 
 
+class AutoSpaceSpec(_Strict):
+    """``search.space: auto`` (or ``search.auto``): the search space derived from the plugins'
+    declared priors (sweeper/pluginhost/auto_space.py). Each list names the plugins to choose
+    among; unset: the spec's own plugin (schedules: none or cosine when the spec names none)."""
+
+    models: list[str] | None = Field(default=None, min_length=1)
+    optimizers: list[str] | None = Field(default=None, min_length=1)
+    schedules: list[str] | None = Field(default=None, min_length=1)
+    # the training settings that matter too: train.batch_size, train.label_smoothing (classification)
+    train: bool = True
+
+
 class SearchSpec(_Strict):
     backend: Literal["optuna", "ray"] = "optuna"
     sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
@@ -265,6 +277,22 @@ class SearchSpec(_Strict):
     resources: ResourcesSpec = ResourcesSpec()  # backend ray
     ray: RaySpec = RaySpec()  # backend ray
     space: dict[str, sp.Param] = Field(default_factory=dict)
+    # Derive the space from the plugins' priors; entries written in `space` win entry by entry.
+    # `space: auto` means `auto: true` with no entry written. Replaced by the derived space before
+    # the first trial (a resolved spec has no `auto`).
+    auto: AutoSpaceSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _space_auto(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("space") == "auto":
+            data = {**data, "space": {}, "auto": data.get("auto") or True}
+        return data
+
+    @field_validator("auto", mode="before")
+    @classmethod
+    def _auto_switch(cls, value: Any) -> Any:
+        return {True: {}, False: None}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("fuse", mode="before")
     @classmethod
@@ -283,14 +311,15 @@ class SearchSpec(_Strict):
                 "'task.plugin' cannot be searched: the task fixes the metrics the objective compares; "
                 "search its arguments (task.args.*) or run one sweep per task"
             )
-        sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
-        for path in self.space:
-            sp.enabling(self.space, path)  # raises on a condition no draw satisfies
+        if self.auto is None:  # auto: written entries may refer to derived ones (model.plugin); checked once derived
+            sp.ordered(self.space)  # raises on unknown 'when' targets and cycles
+            for path in self.space:
+                sp.enabling(self.space, path)  # raises on a condition no draw satisfies
         lr = self.space.get("optimizer.args.lr")
-        if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam):
+        if self.lr_finder.enabled and not isinstance(lr, sp.FloatParam) and self.auto is None:
             raise ValueError("lr_finder needs optimizer.args.lr in search.space as a float parameter")
         self._check_backend_options()
-        if self.pruner.type == "pbt":
+        if self.pruner.type == "pbt" and self.auto is None:  # auto: checked on the derived space
             self._check_pbt()
         _no_password(self.storage, "search.storage", "put it in $PGPASSWORD or ~/.pgpass instead (psycopg reads both)")
         if self.storage is not None:

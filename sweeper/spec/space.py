@@ -20,8 +20,9 @@ MAX_GRID_POINTS = 100_000
 class _Param(BaseModel):
     # allow_inf_nan=False: a range bound of .nan or .inf (or "nan") is an error, not a range
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    # Sample this parameter only when each named parameter has the given value.
-    when: dict[str, Scalar] | None = None
+    # Sample this parameter only when each named parameter has the given value, or, for a list of
+    # values, any one of them (``when: {model.plugin: [mlp, cnn]}``).
+    when: dict[str, Scalar | list[Scalar]] | None = None
 
 
 class FloatParam(_Param):
@@ -106,7 +107,7 @@ def drawable(p: Param, value: Scalar) -> bool:
     return False  # a float is drawn equal to a given number only by chance
 
 
-def _never_drawn(dep: str, p: Param, value: Scalar) -> str:
+def _never_drawn(dep: str, p: Param, value: Any) -> str:
     """Why ``dep`` is never drawn equal to ``value``."""
     if isinstance(p, CategoricalParam):
         return f"'{dep}' takes one of {p.choices}, never {value!r}"
@@ -116,32 +117,41 @@ def _never_drawn(dep: str, p: Param, value: Scalar) -> str:
     return f"'{dep}' is a float parameter, drawn equal to {value!r} only by chance (make it categorical)"
 
 
+def accepts(condition: Scalar | list[Scalar], value: Any) -> bool:
+    """Whether ``value`` satisfies one ``when`` condition: equal to it, or to one of a list's values."""
+    return any(value == wanted for wanted in condition) if isinstance(condition, list) else value == condition
+
+
 def enabling(space: dict[str, Param], path: str) -> dict[str, Scalar]:
     """The values that ``path``'s ``when`` conditions, and those of the parameters they name,
-    require: the assignment under which ``path`` is sampled. Raises ValueError naming the
-    condition when no draw satisfies them all (a value never drawn, a path that is not a
-    parameter, two conditions wanting one parameter at different values)."""
+    require: the assignment under which ``path`` is sampled (for a list of values, the first one
+    that can be drawn). Raises ValueError naming the condition when no draw satisfies them all (a
+    value never drawn, a path that is not a parameter, two conditions wanting one parameter at
+    different values)."""
     forced: dict[str, tuple[Scalar, str]] = {}  # parameter -> (value, the condition asking it)
     pending = [path]
     while pending:
         current = pending.pop()
-        for dep, value in (space[current].when or {}).items():
-            where = f"search.space.{current}.when: {{{dep}: {value!r}}}"
+        for dep, condition in (space[current].when or {}).items():
+            where = f"search.space.{current}.when: {{{dep}: {condition!r}}}"
             if dep not in space:
                 raise ValueError(
                     f"{where} refers to '{dep}', which is not a parameter of the space (known: {', '.join(space)}); "
                     f"the condition would never hold"
                 )
             if dep in forced:
-                if forced[dep][0] != value:
+                if not accepts(condition, forced[dep][0]):
                     raise ValueError(
                         f"{where} never holds together with {forced[dep][1]} (both are needed for "
                         f"'{path}' to be sampled)"
                     )
                 continue
-            if not drawable(space[dep], value):
+            wanted = condition if isinstance(condition, list) else [condition]
+            value = next((v for v in wanted if drawable(space[dep], v)), None)
+            if value is None or not wanted:
+                shown = wanted[0] if len(wanted) == 1 else (wanted or "an empty list")
                 raise ValueError(
-                    f"{where} never holds: {_never_drawn(dep, space[dep], value)}; '{current}' would never be sampled"
+                    f"{where} never holds: {_never_drawn(dep, space[dep], shown)}; '{current}' would never be sampled"
                 )
             forced[dep] = (value, where)
             pending.append(dep)
@@ -149,7 +159,7 @@ def enabling(space: dict[str, Param], path: str) -> dict[str, Scalar]:
 
 
 def active(param: Param, chosen: dict[str, Any]) -> bool:
-    return all(dep in chosen and chosen[dep] == value for dep, value in (param.when or {}).items())
+    return all(dep in chosen and accepts(condition, chosen[dep]) for dep, condition in (param.when or {}).items())
 
 
 def suggest(space: dict[str, Param], trial: Suggester) -> dict[str, Any]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import nn
+
+from sweeper.plugin import Choice, IntRange, Uniform
 
 # The sweeper plugin API this module targets; sweeper refuses it if it implements another.
 SWEEPER_PLUGIN_API = 1
@@ -31,10 +34,11 @@ def gated_mlp(
     *,
     input_shape: tuple[int, ...],
     num_classes: int,
-    width: int = 64,
-    depth: int = 2,
-    expansion: int = 2,
-    dropout: float = 0.0,
+    # each with its search prior, for `search.space: auto` (the default is what a trial without it gets)
+    width: Annotated[int, IntRange(16, 256, log=True)] = 64,
+    depth: Annotated[int, IntRange(1, 4)] = 2,
+    expansion: Annotated[int, Choice(1, 2, 4)] = 2,
+    dropout: Annotated[float, Uniform(0.0, 0.5)] = 0.0,
 ) -> nn.Module:
     """Flatten -> Linear(width) -> ``depth`` gated residual blocks (hidden = width * expansion)
     -> LayerNorm -> Linear(num_classes).
