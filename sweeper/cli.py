@@ -10,7 +10,6 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -18,9 +17,6 @@ from rich.markup import escape
 
 from sweeper.errors import SweepStopped, UserError
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
-
-if TYPE_CHECKING:
-    from sweeper.spec import SweepSpec
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -71,7 +67,6 @@ def run(
     from sweeper.track.progress import QuietObserver, RichObserver
 
     sweep = load(spec, overrides or [])
-    _warn_ineffective(sweep)
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -211,12 +206,13 @@ def validate(
     """Check a spec and its plugins without training; print the resolved spec and budget."""
     import yaml
 
+    from sweeper.pluginhost import strategy
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.pluginhost.tasks import resolve
-    from sweeper.spec.load import load_strategy
+    from sweeper.spec import load
     from sweeper.trial.preflight import dry_build
 
-    chosen = load_strategy(spec, overrides or [])
+    chosen = strategy.resolve(load(spec, overrides or []))
     sweep = resolve(chosen.spec)
     check_plugins(sweep)
     dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
@@ -226,7 +222,8 @@ def validate(
         typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")
         for choice in chosen.choices:
             typer.echo(f"#   {choice.setting}: {choice.value} — {choice.reason}")
-    _warn_ineffective(sweep)
+    for note in strategy.notes(sweep):  # settings that cannot take effect: said, not refused
+        err.print("[yellow]warning:[/]", escape(note), soft_wrap=True)
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
     typer.echo(f"# dry build: {dry.summary()}")
     for warning in dry.warnings:
@@ -235,14 +232,6 @@ def validate(
         from sweeper.trial.estimate import estimate as time_steps
 
         typer.echo(time_steps(sweep).describe())
-
-
-def _warn_ineffective(sweep: SweepSpec) -> None:
-    """Warn of settings the spec holds that cannot take effect (spec/strategy.py notes)."""
-    from sweeper.spec import strategy
-
-    for note in strategy.notes(sweep, strategy.devices(sweep)):
-        err.print("[yellow]warning:[/]", escape(note), soft_wrap=True)
 
 
 @app.command("lr-find")

@@ -22,7 +22,6 @@ from pydantic_core import ErrorDetails
 
 from sweeper.errors import UserError
 from sweeper.spec import space as sp
-from sweeper.spec import strategy
 from sweeper.spec.model import SweepSpec
 
 # Limits far above any real spec (the shipped ones are ~1 KB, ~100 nodes, 5 levels deep) and
@@ -165,13 +164,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
-    """Read, override and validate a spec; every problem becomes a UserError naming the path.
-    Strategy settings on auto come back resolved (spec/strategy.py)."""
-    return load_strategy(path, overrides).spec
-
-
-def load_strategy(path: str | Path, overrides: Sequence[str] = ()) -> strategy.Strategy:
-    """As ``load``, with the choices the auto strategy made and why (for `sweeper validate`)."""
+    """Read, override and validate a spec; every problem becomes a UserError naming the path."""
     path = Path(path)
     tree = parse_yaml(read_text(path), str(path))
     if not isinstance(tree, dict):
@@ -179,9 +172,9 @@ def load_strategy(path: str | Path, overrides: Sequence[str] = ()) -> strategy.S
             f"{path}: expected a mapping of spec sections (name, dataset, model, ...), got {type(tree).__name__}"
         )
     tree = apply_overrides(tree, list(overrides))
-    chosen = resolve_strategy(_validate(tree, str(path)), str(path))
-    _check_space_types(chosen.spec, str(path))
-    return chosen
+    spec = validate(tree, str(path))
+    _check_space_types(spec, str(path))
+    return spec
 
 
 def read_text(path: Path) -> str:
@@ -207,21 +200,6 @@ def read_text(path: Path) -> str:
 
 
 def validate(tree: dict[str, Any], source: str) -> SweepSpec:
-    """A spec tree validated, its auto strategy resolved; problems are UserErrors naming ``source``."""
-    return resolve_strategy(_validate(tree, source), source).spec
-
-
-def resolve_strategy(spec: SweepSpec, source: str) -> strategy.Strategy:
-    """``spec`` with search.sampler/pruner: auto (and what they shape) chosen for this machine."""
-    if not strategy.wanted(spec):
-        return strategy.Strategy(spec, ())
-    try:
-        return strategy.choose(spec, strategy.devices(spec))
-    except ValidationError as exc:  # a written setting contradicts the choice (e.g. population)
-        raise UserError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors()[:MAX_ERRORS])) from None
-
-
-def _validate(tree: dict[str, Any], source: str) -> SweepSpec:
     _check_numbers(tree, source)
     try:
         spec = SweepSpec.model_validate(tree)

@@ -9,7 +9,8 @@ kept. ``notes`` lists what a spec sets that cannot take effect (a fused model la
 batch, a pruner with one epoch to judge, ...), for every spec, ``auto`` or not.
 
 Each rule's measurement or source is given at its constant, and in docs/strategy.md.
-Pure: no torch at import (the device is probed by ``devices`` only when asked).
+Pure: the facts beyond the spec (the device, what the plugins allow) are found out by
+sweeper/pluginhost/strategy.py, which applies the strategy where the spec is resolved.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ FUSE_SPLITTING = ("model.", "dataset.") + tuple(
 
 
 @dataclass(frozen=True)
-class Devices:
-    """What the strategy needs to know of this machine."""
+class Facts:
+    """What the strategy needs to know beyond the spec (pluginhost/strategy.py finds it out)."""
 
     cuda: bool  # trials train on a CUDA device (train.device is not cpu and one is present)
+    unfusable: str | None = None  # why the spec's trials cannot train fused (a plugin opts out, ...)
 
 
 @dataclass(frozen=True)
@@ -84,21 +86,12 @@ class Strategy:
     choices: tuple[Choice, ...]  # empty when the spec asks for no auto
 
 
-def devices(spec: SweepSpec) -> Devices:
-    """This machine, as the trials of ``spec`` would see it (imports torch: only when needed)."""
-    if spec.train.device == "cpu":
-        return Devices(cuda=False)
-    import torch
-
-    return Devices(cuda=torch.cuda.is_available())
-
-
 def wanted(spec: SweepSpec) -> bool:
     """Whether ``spec`` asks for the strategy (sampler or pruner auto)."""
     return spec.search.sampler == "auto" or spec.search.pruner.type == "auto"
 
 
-def choose(spec: SweepSpec, machine: Devices) -> Strategy:
+def choose(spec: SweepSpec, machine: Facts) -> Strategy:
     """``spec`` with its ``auto`` strategy settings resolved, and why (unchanged if none)."""
     if not wanted(spec):
         return Strategy(spec, ())
@@ -156,13 +149,13 @@ def architectures(space: dict[str, sp.Param]) -> tuple[float, list[str]]:
     return count, paths
 
 
-def _fuse(spec: SweepSpec, machine: Devices, n: int | None, batch_size: int | None) -> tuple[int, str]:
+def _fuse(spec: SweepSpec, machine: Facts, n: int | None, batch_size: int | None) -> tuple[int, str]:
     """Members per fused task of one worker (1: no fusing), and why."""
-    train, parallel = spec.train, spec.search.parallel
+    parallel = spec.search.parallel
     device = "cuda" if machine.cuda else "cpu"
     pays = FUSE_PAYS_FROM[device]
-    if train.compile or train.precision == "fp16":
-        return 1, f"train.{'compile' if train.compile else 'precision: fp16'} trains each trial alone"
+    if machine.unfusable is not None:
+        return 1, f"no trial of this spec can train fused: {machine.unfusable}"
     count, paths = architectures(spec.search.space)
     if math.isinf(count):
         return 1, f"{', '.join(paths)} varies continuously: no two trials share a fused model's shapes"
@@ -301,7 +294,7 @@ def _lr_configs(space: dict[str, sp.Param]) -> int:
     return count if count <= 8 else 1
 
 
-def notes(spec: SweepSpec, machine: Devices) -> list[str]:
+def notes(spec: SweepSpec, machine: Facts) -> list[str]:
     """What ``spec`` sets that cannot take effect as written, each with the fix (for every spec,
     auto or not; `sweeper validate` and `sweeper run` print them as warnings)."""
     search, train = spec.search, spec.train
@@ -338,8 +331,8 @@ def notes(spec: SweepSpec, machine: Devices) -> list[str]:
     return out
 
 
-def _fuse_notes(spec: SweepSpec, machine: Devices) -> list[str]:
-    search, train = spec.search, spec.train
+def _fuse_notes(spec: SweepSpec, machine: Facts) -> list[str]:
+    search = spec.search
     fuse = search.fuse
     if fuse == "off" or (fuse == "auto" and not machine.cuda):
         return []
@@ -361,9 +354,9 @@ def _fuse_notes(spec: SweepSpec, machine: Devices) -> list[str]:
             f"search.fuse <= {max(1, search.batch_size // search.parallel)} or search.batch_size >= "
             f"{size * search.parallel}"
         )
-    if train.compile or train.precision == "fp16":
-        why = "train.compile" if train.compile else "train.precision fp16 (a loss scaler per member)"
-        out.append(f"search.fuse {fuse}: {why} trains each trial alone; set search.fuse: off")
+    if machine.unfusable is not None:
+        out.append(f"search.fuse {fuse}: each trial trains alone, {machine.unfusable}; set search.fuse: off")
+        return out
     count, paths = architectures(search.space)
     per_model = min(size, search.batch_size) / count
     pays = FUSE_PAYS_FROM["cuda" if machine.cuda else "cpu"]
