@@ -111,7 +111,7 @@ def choose(spec: SweepSpec, machine: Facts) -> Strategy:
             fused = members if "fuse" not in written else search.fuse if isinstance(search.fuse, int) else 1
             out["batch_size"], reason = _batch_size(search.parallel, fused, n)
             choices.append(Choice("search.batch_size", str(out["batch_size"]), reason))
-    batch = out["batch_size"] if batched else 1
+    batch = out["batch_size"] if batched else search.parallel  # trials in flight without each other's results
     if search.sampler == "auto":
         out["sampler"], reason = _sampler(spec, n, batch)
         choices.append(Choice("search.sampler", out["sampler"], reason))
