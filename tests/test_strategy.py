@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
-from conftest import SPACES, sweeper, write_spec
+from conftest import SPACES, make_dist, sweeper, write_spec
 
+from sweeper.pluginhost import registry
+from sweeper.pluginhost import strategy as host
 from sweeper.search import warm_start
 from sweeper.spec import load, validate
 from sweeper.spec import strategy as st
@@ -176,3 +179,27 @@ def test_an_auto_sweep_runs_and_records_its_choices(tmp_path: Path) -> None:
         "off",
     )
     assert recorded["lr_finder"]["enabled"] is False
+
+
+@pytest.fixture
+def lonely(site: Path) -> None:
+    """An optimizer plugin that opts out of fusing (tests/plugins/sweeper_test_fusing.py)."""
+    source = (Path(__file__).parent / "plugins" / "sweeper_test_fusing.py").read_text()
+    make_dist(
+        site,
+        "sweeper-test-fusing",
+        "1.0",
+        {"sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"}},
+        {"sweeper_test_fusing.py": source},
+    )
+    registry.refresh()
+
+
+def test_a_plugin_that_opts_out_of_fusing_keeps_fusion_off(lonely: None) -> None:
+    space = {"optimizer.args.lr": LR, "optimizer.plugin": {"type": "categorical", "choices": ["adam", "lonely_sgd"]}}
+    spec = spec_of({"n_trials": 256, "space": space})
+    assert "lonely_sgd" in str(host.why_unfusable(spec))
+    got = host.resolve(spec)
+    fuse = next(c for c in got.choices if c.setting == "search.fuse")
+    assert fuse.value == "off" and "the optimizer plugin 'lonely_sgd' says it cannot be fused" in fuse.reason
+    assert host.why_unfusable(spec_of({"n_trials": 256, "space": {"optimizer.args.lr": LR}})) is None
