@@ -43,8 +43,10 @@ REDUCTION = 3
 # until benchmarks/gpu_check.py has run on a GPU.
 FUSE_PAYS_FROM = {"cpu": 16, "cuda": 8}
 # Fusing proposes parallel x members trials per batch, each proposed without the others' results:
-# fuse only when the budget holds at least this many such batches, so the sampler and the
-# pruner still learn from earlier batches for most of the sweep (a judgement, not a measurement).
+# fuse only when the budget holds at least this many such batches. `python benchmarks/strategy.py`
+# (TPE, 20 seeds, a synthetic sweep-shaped loss): in 4 batches TPE kept 73% (64 trials) and 93%
+# (128 trials) of its mean gain over random sampling, in 2 batches 45% and 46%; batches of 1 and
+# 2 did alike (docs/strategy.md).
 FUSED_BATCHES_AT_LEAST = 4
 # The LR range test narrows optimizer.args.lr to [s/10, s*10] (lr_finder.factor's default): 2
 # decades. A declared range of 2 decades or less is not narrowed, so the test would only cost; it
