@@ -79,6 +79,13 @@ def test_fusion_where_it_pays() -> None:
     assert chosen(spec_of(one_architecture), facts)["search.fuse"].startswith("off | no trial of this spec")
 
 
+def test_more_workers_than_trials() -> None:
+    got = chosen(spec_of({"n_trials": 3, "parallel": 4, "space": {"optimizer.args.lr": LR}}))
+    assert got["search.batch_size"].startswith("4 | ")  # never below parallel, which the spec requires
+    said = " ".join(st.notes(got["spec"], CPU))  # type: ignore[arg-type]
+    assert "search.parallel 4 > the 3 trials: 1 worker(s) never train" in said
+
+
 def test_written_settings_are_kept() -> None:
     spec = spec_of({"n_trials": 256, "batch_size": 8, "fuse": 4, "space": {"optimizer.args.lr": LR}})
     got = chosen(spec)

@@ -192,8 +192,8 @@ def _batch_size(parallel: int, members: int, n: int | None) -> tuple[int, str]:
             f"= search.parallel ({parallel}): every worker busy, and each trial proposed "
             f"knowing every result but those of its own batch"
         )
-    if n is not None and size > n:
-        return n, f"{why}; capped at the {n} trials"
+    if n is not None and size > max(n, parallel):  # never below parallel: the spec refuses idle workers
+        return max(n, parallel), f"{why}; capped at the {n} trials"
     return size, why
 
 
