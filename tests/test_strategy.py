@@ -4,6 +4,7 @@ the device, each choice explained by `sweeper validate`; and the settings that c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -177,15 +178,17 @@ def test_an_auto_sweep_runs_and_records_its_choices(tmp_path: Path) -> None:
         tmp_path / "auto.yaml",
         search={"sampler": "auto", "pruner": "auto", "n_trials": 3, "space": {"optimizer.args.lr": LR}},
     )
-    sweeper("run", str(spec), "train.epochs=1", "--out", str(tmp_path / "out"), "--quiet", check=True)
-    recorded = yaml.safe_load((tmp_path / "out" / "spec.yaml").read_text())["search"]
-    assert (recorded["sampler"], recorded["pruner"]["type"], recorded["batch_size"], recorded["fuse"]) == (
-        "random",
-        "none",
-        1,
-        "off",
+    # fuse written: kept, and the batch chosen around it (1 worker x 2); run says it cannot pay here
+    ran = sweeper("run", str(spec), "train.epochs=1", "search.fuse=2", "--out", "out", "--quiet", check=True)
+    assert "search.fuse 2: about 2.0 trials per fused model, and fusing pays from 16 on cpu" in " ".join(
+        ran.stderr.split()
     )
+    recorded = yaml.safe_load((tmp_path / "out" / "spec.yaml").read_text())["search"]
+    chosen = (recorded["sampler"], recorded["pruner"]["type"], recorded["batch_size"], recorded["fuse"])
+    assert chosen == ("random", "none", 2, 2)
     assert recorded["lr_finder"]["enabled"] is False
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [t["state"] for t in summary["trials"]] == ["complete"] * 3
 
 
 @pytest.fixture
