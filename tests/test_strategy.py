@@ -74,7 +74,10 @@ def test_fusion_where_it_pays() -> None:
     assert cuda["search.fuse"].startswith("8 | ") and cuda["search.batch_size"].startswith("16 | ")
     # a continuous architecture argument: no two trials share shapes
     wide = {"model.args.hidden": {"type": "float", "low": 8, "high": 64}}
-    assert "varies continuously" in chosen(spec_of({**one_architecture, "space": wide}))["search.fuse"]
+    assert (
+        "is continuous (or past a grid's 100,000 values)"
+        in chosen(spec_of({**one_architecture, "space": wide}))["search.fuse"]
+    )
     # a plugin that opts out (pluginhost/strategy.py finds it out)
     facts = st.Facts(cuda=True, unfusable="the model plugin 'x' says it cannot be fused")
     assert chosen(spec_of(one_architecture), facts)["search.fuse"].startswith("off | no trial of this spec")

@@ -160,7 +160,10 @@ def _fuse(spec: SweepSpec, machine: Facts, n: int | None, batch_size: int | None
         return 1, f"no trial of this spec can train fused: {machine.unfusable}"
     count, paths = architectures(spec.search.space)
     if math.isinf(count):
-        return 1, f"{', '.join(paths)} varies continuously: no two trials share a fused model's shapes"
+        return 1, (
+            f"{', '.join(paths)} is continuous (or past a grid's {sp.MAX_GRID_POINTS:,} values): "
+            f"trials rarely share a fused model's shapes"
+        )
     kinds = int(count)
     members = pays * kinds  # per worker's task: about `pays` per architecture
     shared = f"{kinds} architectures ({', '.join(paths)})" if kinds > 1 else "one architecture"
