@@ -215,6 +215,7 @@ def validate(
     with where each entry comes from, and the budget."""
     import yaml
 
+    from sweeper.pluginhost import strategy
     from sweeper.pluginhost.auto_space import derive, provenance_lines
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.pluginhost.tasks import resolve
@@ -222,7 +223,8 @@ def validate(
     from sweeper.trial.preflight import dry_build
 
     derived = derive(load(spec, overrides or [], auto=auto))
-    sweep = resolve(derived.spec)
+    chosen = strategy.resolve(derived.spec)  # sampler/pruner: auto, from the derived space
+    sweep = resolve(chosen.spec)
     check_plugins(sweep)
     if sweep.search.warm_start:
         from sweeper.search.optuna import earlier
@@ -234,6 +236,12 @@ def validate(
     for line in provenance_lines(derived):
         typer.echo(f"#   {line}")
     typer.echo(f"# budget: {sweep.budget()}")
+    if chosen.choices:
+        typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")
+        for choice in chosen.choices:
+            typer.echo(f"#   {choice.setting}: {choice.value} — {choice.reason}")
+    for note in strategy.notes(sweep):  # settings that cannot take effect: said, not refused
+        err.print("[yellow]warning:[/]", escape(note), soft_wrap=True)
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
     typer.echo(f"# dry build: {dry.summary()}")
     for warning in dry.warnings:

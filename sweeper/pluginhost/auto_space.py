@@ -78,7 +78,10 @@ def derive(spec: SweepSpec) -> Derived:
             f"{problem}; an entry written in search.space replaces the derived one of its path"
         ) from None
     check_space_types(derived, "search.auto")
-    return Derived(derived, {path: sources[path] for path in space})
+    # the validated space in a copy of the spec as written: the fields it set stay the ones it set
+    # (the auto strategy, pluginhost/strategy.py, chooses only what the spec does not write)
+    search = spec.search.model_copy(update={"space": derived.search.space, "auto": None})
+    return Derived(spec.model_copy(update={"search": search}), {path: sources[path] for path in space})
 
 
 def _candidates(spec: SweepSpec, section: str, kind: str, auto: AutoSpaceSpec) -> list[str]:

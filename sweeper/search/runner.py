@@ -15,6 +15,8 @@ import yaml
 
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
+from sweeper.pluginhost import strategy
+from sweeper.pluginhost.auto_space import derive
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.pluginhost.tasks import resolve
 from sweeper.search import backend, checkpoints, pool
@@ -96,7 +98,10 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
     trial is left to claim; returns a small report of what it trained)."""
     import torch
 
-    spec = resolve(spec)  # the objective as the task reports it; what the task cannot train refused
+    # the space derived from the priors (search.auto), then search.sampler/pruner: auto chosen from it
+    # (before the task's resolution, which marks every field set); the objective as the task
+    # reports it; what it cannot train refused
+    spec = resolve(strategy.resolve(derive(spec).spec).spec)
     check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
@@ -108,7 +113,7 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
         prestarted.start(spec.search.parallel)  # the workers start while this process prepares
     try:
         # data prepared once, each plugin choice built on the CPU: before any file, run or trial
-        for warning in dry_build(spec).warnings:
+        for warning in strategy.notes(spec) + dry_build(spec).warnings:  # notes: settings without effect
             print(f"warning: {warning}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():

@@ -99,7 +99,8 @@ class PrunerSpec(_Strict):
     the weights, optimizer state and epoch of a top-quantile trial and go on with its
     hyperparameters mutated (resampled from the search range, or scaled by 0.8/1.2)."""
 
-    type: Literal["none", "median", "asha", "hyperband", "pbt"] = "none"
+    # auto: chosen from the epochs, the budget and the sampler (spec/strategy.py)
+    type: Literal["auto", "none", "median", "asha", "hyperband", "pbt"] = "none"
     min_epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS, description="no trial is stopped before this epoch")
     # asha/hyperband: keep 1/reduction_factor per rung; more than 100 keeps nobody past the first rung
     reduction_factor: int = Field(default=3, ge=2, le=100)
@@ -210,7 +211,8 @@ class AutoSpaceSpec(_Strict):
 
 class SearchSpec(_Strict):
     backend: Literal["optuna", "ray"] = "optuna"
-    sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
+    # auto: chosen from the space, the budget and the device (spec/strategy.py), said by `validate`
+    sampler: Literal["auto", "tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
     population: int | None = Field(
         default=None,
         ge=2,
@@ -293,6 +295,11 @@ class SearchSpec(_Strict):
     @classmethod
     def _auto_switch(cls, value: Any) -> Any:
         return {True: {}, False: None}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("pruner", mode="before")
+    @classmethod
+    def _pruner_word(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value  # `pruner: auto` for {type: auto}
 
     @field_validator("fuse", mode="before")
     @classmethod
@@ -379,7 +386,7 @@ class SearchSpec(_Strict):
         ]
 
     def _check_pbt(self) -> None:
-        if self.sampler != "random":
+        if self.sampler not in ("random", "auto"):
             raise ValueError(
                 f"search.pruner.type: 'pbt' needs search.sampler: random (got '{self.sampler}'): "
                 f"PBT picks new values itself, and Ray Tune cannot combine it with Optuna's"

@@ -158,7 +158,7 @@ def check_goals(goals: list[Objective], several: bool, pruner: str, sampler: str
             f"{'objectives' if several else 'objective'}: {', '.join(metrics)} needs no training; "
             f"optimise at least one metric of the task (e.g. val_acc, val_loss) as well (objectives: [...])"
         )
-    if len(goals) > 1 and pruner != "none":
+    if len(goals) > 1 and pruner not in ("none", "auto"):  # auto chooses none for several
         raise ValueError(
             f"search.pruner.type: '{pruner}' compares one metric; a sweep with objectives trains "
             f"every trial to its end: set search.pruner.type: none"

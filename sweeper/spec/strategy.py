@@ -1,0 +1,376 @@
+"""The search strategy chosen from the budget (``search.sampler: auto``, ``search.pruner: auto``),
+and the settings that cannot take effect as written.
+
+``choose`` turns a spec that asks for ``auto`` into a concrete one (the spec every process
+records and runs) and says why each value was chosen, with the numbers it used; ``sweeper
+validate`` prints it. When the strategy is asked for, the settings it shapes that the spec leaves
+unwritten (search.batch_size, search.fuse, search.lr_finder) are chosen with it; a written one is
+kept. ``notes`` lists what a spec sets that cannot take effect (a fused model larger than a
+batch, a pruner with one epoch to judge, ...), for every spec, ``auto`` or not.
+
+Each rule's measurement or source is given at its constant, and in docs/strategy.md.
+Pure: the facts beyond the spec (the device, what the plugins allow) are found out by
+sweeper/pluginhost/strategy.py, which applies the strategy where the spec is resolved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.spec import space as sp
+from sweeper.spec.model import SweepSpec
+
+# TPE draws its first trials at random until this many have finished (Optuna's TPESampler
+# n_startup_trials default, which sweeper keeps): a sweep that proposes no trial after this many
+# results gains nothing from TPE over random sampling.
+TPE_STARTUP = 10
+# MedianPruner prunes only once this many trials have finished (search.pruner.startup_trials's
+# default, Optuna's too): fewer earlier results than this and a median pruner never stops a trial.
+MEDIAN_STARTUP = 5
+# Successive halving / Hyperband keep 1 trial in REDUCTION of each rung; rungs sit at epochs
+# 1, 3, 9, ... (min_epochs x REDUCTION^k; Li et al. 2018, Optuna's and Ray's default). With fewer
+# than REDUCTION epochs there is one rung, so "pruning" is a single cut after epoch 1 of a curve
+# that has barely started.
+REDUCTION = 3
+# Fusing pays from this many members of one architecture per fused model. CPU: 16, the smallest
+# group measured faster end to end through the CLI (1.3x the solo rate, `python
+# benchmarks/gpu_check.py --cpu fused`, docs/fused-trials.md); smaller groups on this 2-core CPU
+# measured 1.08x (the digits demo fused 2 by 2, within the run-to-run spread) and 1.0x (issue #30:
+# 16 trials of 3 architectures, 45.0 s fused and solo). The engine alone reaches 2.32x at N = 8
+# (benchmarks/fused.py), so a device that one small trial leaves idle pays from 8: CUDA's figure
+# until benchmarks/gpu_check.py has run on a GPU.
+FUSE_PAYS_FROM = {"cpu": 16, "cuda": 8}
+# Fusing proposes parallel x members trials per batch, each proposed without the others' results:
+# fuse only when the budget holds at least this many such batches. `python benchmarks/strategy.py`
+# (TPE, 20 seeds, a synthetic sweep-shaped loss): in 4 batches TPE kept 73% (64 trials) and 93%
+# (128 trials) of its mean gain over random sampling, in 2 batches 45% and 46%; batches of 1 and
+# 2 did alike (docs/strategy.md).
+FUSED_BATCHES_AT_LEAST = 4
+# The LR range test narrows optimizer.args.lr to [s/10, s*10] (lr_finder.factor's default): 2
+# decades. A declared range of 2 decades or less is not narrowed, so the test would only cost; it
+# is used from 3 decades, where it cuts at least a third of the range. On digits over 5 decades
+# (1e-5..1) it cut the trials spent on hopeless LRs from 4.38 to 2.63 of 12 (docs/lr-finder.md).
+LR_MIN_DECADES = 3.0
+# A range test costs about half a trial per configuration (sweeper/search/warm_start.py); on
+# digits it measured 1.08x the sweep's seconds for 0.6x the trials spent on hopeless LRs and no
+# earlier 0.99 (docs/lr-finder.md). Turned on only where its cost is under 5% of the budget:
+# trials >= 10 x configurations.
+LR_TEST_TRIALS = 0.5
+LR_TEST_SHARE = 0.05
+# Spec paths that split a batch into several fused models when they differ between trials:
+# trial/fused.py fuse_key (its SHARED train settings, the data set and the whole model).
+FUSE_SPLITTING = ("model.", "dataset.") + tuple(
+    f"train.{name}"
+    for name in ("batch_size", "accumulate", "epochs", "eval_batch_size", "precision", "device", "deterministic")
+)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the strategy needs to know beyond the spec (pluginhost/strategy.py finds it out)."""
+
+    cuda: bool  # trials train on a CUDA device (train.device is not cpu and one is present)
+    unfusable: str | None = None  # why the spec's trials cannot train fused (a plugin opts out, ...)
+
+
+@dataclass(frozen=True)
+class Choice:
+    setting: str  # the spec path, e.g. search.sampler
+    value: str  # as the resolved spec holds it
+    reason: str  # one line, with the numbers used
+
+
+@dataclass(frozen=True)
+class Strategy:
+    spec: SweepSpec  # nothing left on auto that the strategy resolves
+    choices: tuple[Choice, ...]  # empty when the spec asks for no auto
+
+
+def wanted(spec: SweepSpec) -> bool:
+    """Whether ``spec`` asks for the strategy (sampler or pruner auto)."""
+    return spec.search.sampler == "auto" or spec.search.pruner.type == "auto"
+
+
+def choose(spec: SweepSpec, machine: Facts) -> Strategy:
+    """``spec`` with its ``auto`` strategy settings resolved, and why (unchanged if none)."""
+    if not wanted(spec):
+        return Strategy(spec, ())
+    search = spec.search
+    written = search.model_fields_set
+    n = _trial_cap(spec)
+    tree = spec.model_dump()
+    out = tree["search"]
+    choices: list[Choice] = []
+    batched = search.backend == "optuna" and search.reproducible
+    if batched:
+        members, why = _fuse(spec, machine, n, None if "batch_size" not in written else search.batch_size)
+        if "fuse" not in written:
+            out["fuse"] = members if members > 1 else "off"
+            choices.append(Choice("search.fuse", str(out["fuse"]), why))
+        if "batch_size" not in written:
+            fused = members if "fuse" not in written else search.fuse if isinstance(search.fuse, int) else 1
+            out["batch_size"], reason = _batch_size(search.parallel, fused, n)
+            choices.append(Choice("search.batch_size", str(out["batch_size"]), reason))
+    batch = out["batch_size"] if batched else search.parallel  # trials in flight without each other's results
+    if search.sampler == "auto":
+        out["sampler"], reason = _sampler(spec, n, batch)
+        choices.append(Choice("search.sampler", out["sampler"], reason))
+    if search.pruner.type == "auto":
+        pruner, reason = _pruner(spec, n, batch, out["sampler"])
+        out["pruner"] = {**out["pruner"], **pruner}
+        choices.append(Choice("search.pruner", _describe_pruner(out["pruner"]), reason))
+    if search.backend == "optuna" and "lr_finder" not in written:
+        enabled, reason = _lr_finder(spec, n)
+        out["lr_finder"] = {**out["lr_finder"], "enabled": enabled}
+        choices.append(Choice("search.lr_finder.enabled", str(enabled).lower(), reason))
+    return Strategy(SweepSpec.model_validate(tree), tuple(choices))
+
+
+def _trial_cap(spec: SweepSpec) -> int | None:
+    search = spec.search
+    if search.sampler == "auto":  # a grid's size caps the budget only once grid is chosen
+        return search.n_trials
+    return search.trial_cap(search.n_trials)
+
+
+def architectures(space: dict[str, sp.Param]) -> tuple[float, list[str]]:
+    """How many distinct fused models the searched values can make (inf: a continuous value
+    splits every trial from the others), and the paths that split them."""
+    count: float = 1
+    paths = []
+    for path, param in space.items():
+        if not path.startswith(FUSE_SPLITTING):
+            continue
+        paths.append(path)
+        try:
+            count *= sp.grid_count(path, param)
+        except ValueError:  # a continuous value: each trial its own shapes or step sequence
+            count = math.inf
+    return count, paths
+
+
+def _fuse(spec: SweepSpec, machine: Facts, n: int | None, batch_size: int | None) -> tuple[int, str]:
+    """Members per fused task of one worker (1: no fusing), and why."""
+    parallel = spec.search.parallel
+    device = "cuda" if machine.cuda else "cpu"
+    pays = FUSE_PAYS_FROM[device]
+    if machine.unfusable is not None:
+        return 1, f"no trial of this spec can train fused: {machine.unfusable}"
+    count, paths = architectures(spec.search.space)
+    if math.isinf(count):
+        return 1, (
+            f"{', '.join(paths)} is continuous (or past a grid's {sp.MAX_GRID_POINTS:,} values): "
+            f"trials rarely share a fused model's shapes"
+        )
+    kinds = int(count)
+    members = pays * kinds  # per worker's task: about `pays` per architecture
+    shared = f"{kinds} architectures ({', '.join(paths)})" if kinds > 1 else "one architecture"
+    measured = f"fusing pays from {pays} members of one architecture on {device} (docs/strategy.md)"
+    if batch_size is not None:
+        per_worker = batch_size // parallel
+        if per_worker // kinds < pays:
+            return 1, (
+                f"search.batch_size {batch_size} over {parallel} worker(s) gives {per_worker} trials a task, "
+                f"{per_worker / kinds:.1f} per fused model of {shared}; {measured}"
+            )
+        return per_worker, f"{per_worker / kinds:.1f} trials per fused model of {shared} a task; {measured}"
+    need = FUSED_BATCHES_AT_LEAST * parallel * members
+    if n is None or n < need:
+        budget = f"{n} trials" if n is not None else "no trial cap"
+        return 1, (
+            f"{budget} < {need} ({FUSED_BATCHES_AT_LEAST} batches of {parallel} worker(s) x {members} trials, "
+            f"{pays} per fused model of {shared}); {measured}"
+        )
+    return members, f"{n} trials hold {n // (parallel * members)} batches of {parallel} x {members}; {measured}"
+
+
+def _batch_size(parallel: int, members: int, n: int | None) -> tuple[int, str]:
+    size = parallel * members
+    if members > 1:
+        why = f"{parallel} worker(s) x {members} fused trials: every worker trains one fused task a batch"
+    else:
+        why = (
+            f"= search.parallel ({parallel}): every worker busy, and each trial proposed "
+            f"knowing every result but those of its own batch"
+        )
+    if n is not None and size > max(n, parallel):  # never below parallel: the spec refuses idle workers
+        return max(n, parallel), f"{why}; capped at the {n} trials"
+    return size, why
+
+
+def _sampler(spec: SweepSpec, n: int | None, batch: int) -> tuple[str, str]:
+    search = spec.search
+    space = search.space
+    if search.pruner.type == "pbt":
+        return "random", "search.pruner.type pbt picks new values itself and needs random"
+    if not space:
+        return "random", "search.space is empty: there is nothing to model"
+    grid = _grid_size(space)
+    if grid is not None and n is not None and grid <= n:
+        return "grid", f"the space has {grid} points, n_trials {n}: each point once, none drawn twice"
+    if n is not None and n - batch < TPE_STARTUP:
+        return "random", (
+            f"at most {max(0, n - batch)} trials finish before the last batch of {batch} is proposed; TPE "
+            f"samples at random until {TPE_STARTUP} have (its n_startup_trials)"
+        )
+    several = f"; {len(spec.goals)} objectives (TPE models each)" if len(spec.goals) > 1 else ""
+    return "tpe", (
+        f"{'no trial cap' if n is None else f'{n} trials'} in batches of {batch}: TPE models the results "
+        f"after its {TPE_STARTUP} random startup trials; with limited parallelism it is the method Optuna "
+        f"recommends (Ozaki et al. 2020), categorical and conditional parameters included{several}"
+    )
+
+
+def _grid_size(space: dict[str, sp.Param]) -> int | None:
+    if any(param.when for param in space.values()):
+        return None  # a grid enumerates every combination, conditions ignored
+    try:
+        return sp.grid_size(space)
+    except ValueError:
+        return None
+
+
+def _pruner(spec: SweepSpec, n: int | None, batch: int, sampler: str) -> tuple[dict[str, Any], str]:
+    epochs = spec.train.epochs
+    if len(spec.goals) > 1:
+        return {"type": "none"}, f"{len(spec.goals)} objectives: a pruner compares one metric"
+    if epochs < REDUCTION:
+        return {"type": "none"}, (
+            f"train.epochs {epochs} < {REDUCTION}: one rung (epoch 1) to judge at, a cut on a curve "
+            f"that has barely started"
+        )
+    if n is not None and n - batch < MEDIAN_STARTUP:
+        return {"type": "none"}, (
+            f"at most {max(0, n - batch)} trials finish before the last batch; a pruner compares with "
+            f"at least {MEDIAN_STARTUP} earlier ones"
+        )
+    source = "Optuna's benchmarks (kurobako): best pruner for"
+    if sampler == "random":
+        return {"type": "median", "min_epochs": 1, "startup_trials": MEDIAN_STARTUP}, (
+            f"{source} random sampling; prunes after {MEDIAN_STARTUP} trials have finished"
+        )
+    return {"type": "hyperband", "min_epochs": 1, "reduction_factor": REDUCTION}, (
+        f"{source} TPE; rungs at epochs 1, {REDUCTION}, ... of {epochs}, 1 in {REDUCTION} kept at each"
+    )
+
+
+def _describe_pruner(p: dict[str, Any]) -> str:
+    if p["type"] == "median":
+        return f"median (min_epochs {p['min_epochs']}, startup_trials {p['startup_trials']})"
+    if p["type"] in ("asha", "hyperband"):
+        return f"{p['type']} (min_epochs {p['min_epochs']}, reduction_factor {p['reduction_factor']})"
+    return str(p["type"])
+
+
+def _lr_finder(spec: SweepSpec, n: int | None) -> tuple[bool, str]:
+    lr = spec.search.space.get("optimizer.args.lr")
+    if not isinstance(lr, sp.FloatParam):
+        return False, "optimizer.args.lr is not searched as a float"
+    decades = math.log10(lr.high / lr.low) if lr.low > 0 else math.inf
+    if decades < LR_MIN_DECADES:
+        return False, (
+            f"the lr range spans {decades:.1f} decades; the test narrows it to 2, which pays from "
+            f"{LR_MIN_DECADES:g} (docs/strategy.md)"
+        )
+    configs = _lr_configs(spec.search.space)
+    need = math.ceil(configs * LR_TEST_TRIALS / LR_TEST_SHARE)
+    if n is None or n < need:
+        return False, (
+            f"{configs} range test(s) cost about {configs * LR_TEST_TRIALS:g} trials, more than "
+            f"{LR_TEST_SHARE:.0%} of {n if n is not None else 'an uncapped number of'} trials "
+            f"(on digits it cost 1.08x the time and found 0.99 no sooner: docs/lr-finder.md)"
+        )
+    return True, (
+        f"lr spans {decades:.1f} decades; {configs} range test(s) cost about {configs * LR_TEST_TRIALS:g} "
+        f"trials, under {LR_TEST_SHARE:.0%} of {n}"
+    )
+
+
+def _lr_configs(space: dict[str, sp.Param]) -> int:
+    """Range tests the warm start runs: one per distinct (dataset, model, optimizer plugin, batch
+    size), at most 8 (search/warm_start.py CONFIG_PATHS and MAX_CONFIGS; else one)."""
+    count = 1
+    for path in ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size"):
+        param = space.get(path)
+        if isinstance(param, sp.CategoricalParam):
+            count *= len(param.choices)
+    return count if count <= 8 else 1
+
+
+def notes(spec: SweepSpec, machine: Facts) -> list[str]:
+    """What ``spec`` sets that cannot take effect as written, each with the fix (for every spec,
+    auto or not; `sweeper validate` and `sweeper run` print them as warnings)."""
+    search, train = spec.search, spec.train
+    out: list[str] = []
+    n = search.trial_cap(search.n_trials) if search.sampler != "auto" else search.n_trials
+    batched = search.backend == "optuna" and search.reproducible
+    if batched:
+        out += _fuse_notes(spec, machine)
+    if search.backend == "optuna" and n is not None and search.parallel > n:
+        out.append(f"search.parallel {search.parallel} > the {n} trials: {search.parallel - n} worker(s) never train")
+    if search.pruner.type not in ("none", "auto", "pbt"):
+        if train.epochs == 1:
+            out.append(
+                f"search.pruner.type {search.pruner.type} with train.epochs 1: a trial is judged after an "
+                f"epoch, and after its only one nothing is left to save; set search.pruner.type: none"
+            )
+        elif search.pruner.min_epochs >= train.epochs:
+            out.append(
+                f"search.pruner.min_epochs {search.pruner.min_epochs} >= train.epochs {train.epochs}: no "
+                f"trial is stopped before its last epoch; lower min_epochs"
+            )
+        elif search.pruner.type == "median" and n is not None and search.pruner.startup_trials >= n:
+            out.append(
+                f"search.pruner.startup_trials {search.pruner.startup_trials} >= the {n} trials: the median "
+                f"pruner never has enough finished trials to prune"
+            )
+    if search.sampler == "tpe" and n is not None and batched and n - search.batch_size < TPE_STARTUP:
+        out.append(
+            f"search.sampler tpe samples at random until {TPE_STARTUP} trials have finished; with {n} "
+            f"trials in batches of {search.batch_size} it never models: use random (or sampler: auto)"
+        )
+    if search.sampler == "grid" and search.n_trials is not None and n is not None and n < search.n_trials:
+        out.append(f"search.n_trials {search.n_trials}: the grid has {n} points, so {n} trials run")
+    return out
+
+
+def _fuse_notes(spec: SweepSpec, machine: Facts) -> list[str]:
+    search = spec.search
+    fuse = search.fuse
+    if fuse == "off" or (fuse == "auto" and not machine.cuda):
+        return []
+    size = search.fuse_size(machine.cuda)
+    if size <= 1:
+        return []
+    out = []
+    if isinstance(fuse, int) and fuse > search.batch_size:
+        out.append(
+            f"search.fuse {fuse} with search.batch_size {search.batch_size}: a fused model holds trials of "
+            f"one batch, so no more than {search.batch_size}; set search.batch_size >= {fuse * search.parallel} "
+            f"({search.parallel} worker(s) x {fuse})"
+        )
+    tasks = -(-search.batch_size // size)  # a batch is cut into tasks of `size` trials, one per worker
+    if tasks < search.parallel:
+        out.append(
+            f"search.fuse {size} cuts a batch of {search.batch_size} into {tasks} task(s) for "
+            f"{search.parallel} workers: {search.parallel - tasks} worker(s) wait each batch; set "
+            f"search.fuse <= {max(1, search.batch_size // search.parallel)} or search.batch_size >= "
+            f"{size * search.parallel}"
+        )
+    if machine.unfusable is not None:
+        out.append(f"search.fuse {fuse}: each trial trains alone, {machine.unfusable}; set search.fuse: off")
+        return out
+    count, paths = architectures(search.space)
+    per_model = min(size, search.batch_size) / count
+    pays = FUSE_PAYS_FROM["cuda" if machine.cuda else "cpu"]
+    if per_model < pays:
+        kinds = "a different one each trial" if math.isinf(count) else f"{int(count)}"
+        shared = f"{', '.join(paths)} make(s) {kinds} architectures: " if paths else ""
+        out.append(
+            f"search.fuse {fuse}: {shared}about {per_model:.1f} trials per fused model, and fusing pays "
+            f"from {pays} on {'cuda' if machine.cuda else 'cpu'} (docs/strategy.md); set search.fuse: off, "
+            f"or a larger search.batch_size"
+        )
+    return out

@@ -1,0 +1,218 @@
+"""search.sampler: auto / search.pruner: auto: the strategy chosen from the space, the budget and
+the device, each choice explained by `sweeper validate`; and the settings that cannot take effect
+(search.fuse larger than a batch, ...) said there and at `sweeper run`'s start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import SPACES, make_dist, sweeper, write_spec
+
+from sweeper.pluginhost import registry
+from sweeper.pluginhost import strategy as host
+from sweeper.search import warm_start
+from sweeper.spec import load, validate
+from sweeper.spec import strategy as st
+from sweeper.spec.load import parse_yaml
+from sweeper.trial import fused
+
+CPU, CUDA = st.Facts(cuda=False), st.Facts(cuda=True)
+LR = {"type": "float", "low": 1.0e-5, "high": 1.0, "log": True}  # 5 decades
+
+
+def spec_of(search: dict[str, Any], train: dict[str, Any] | None = None, **top: Any) -> Any:
+    """smoke.yaml with these search settings (sampler and pruner auto unless given), loaded
+    as from YAML: what was written is what the spec's fields set say."""
+    tree = parse_yaml((SPACES / "smoke.yaml").read_text(), "smoke.yaml")
+    tree["search"] = {"sampler": "auto", "pruner": "auto", **search}
+    tree["train"] = {**tree["train"], **(train or {})}
+    tree.update(top)
+    return validate(tree, "test")
+
+
+def chosen(spec: Any, facts: st.Facts = CPU) -> dict[str, str]:
+    result = st.choose(spec, facts)
+    return {c.setting: f"{c.value} | {c.reason}" for c in result.choices} | {"spec": result.spec}  # type: ignore[dict-item]
+
+
+def test_small_budget_samples_at_random_without_a_pruner() -> None:
+    got = chosen(spec_of({"n_trials": 8, "space": {"optimizer.args.lr": LR}}, {"epochs": 2}))
+    assert got["search.sampler"].startswith("random | at most 7 trials finish before the last batch of 1")
+    assert got["search.pruner"].startswith("none | train.epochs 2 < 3")
+    assert got["search.batch_size"].startswith("1 | = search.parallel (1)")
+    assert got["search.fuse"].startswith("off | 8 trials < 64")
+    assert got["search.lr_finder.enabled"].startswith("false | 1 range test(s) cost about 0.5 trials")
+    resolved = got["spec"].search  # type: ignore[attr-defined]
+    assert (resolved.sampler, resolved.pruner.type, resolved.batch_size, resolved.fuse) == ("random", "none", 1, "off")
+
+
+def test_large_budget_models_and_prunes() -> None:
+    space = {"optimizer.args.lr": LR, "model.args.hidden": {"type": "categorical", "choices": [16, 32, 64]}}
+    got = chosen(spec_of({"n_trials": 60, "parallel": 2, "space": space}, {"epochs": 10}))
+    assert got["search.sampler"].startswith("tpe | 60 trials in batches of 2")
+    assert got["search.pruner"].startswith("hyperband (min_epochs 1, reduction_factor 3) | ")
+    assert "rungs at epochs 1, 3, ... of 10" in got["search.pruner"]
+    # 3 architectures: about 16 trials of each per task, 4 batches of them: 384 trials, not 60
+    assert got["search.fuse"].startswith("off | 60 trials < 384")
+    assert "3 architectures (model.args.hidden)" in got["search.fuse"]
+    assert got["search.lr_finder.enabled"].startswith("true | lr spans 5.0 decades")
+    # random sampling goes with the median pruner (Optuna's benchmarks)
+    got = chosen(spec_of({"sampler": "random", "n_trials": 60, "space": space}, {"epochs": 10}))
+    assert got["search.pruner"].startswith("median (min_epochs 1, startup_trials 5) | ")
+
+
+def test_fusion_where_it_pays() -> None:
+    one_architecture = {"n_trials": 256, "parallel": 2, "space": {"optimizer.args.lr": LR}}
+    cpu = chosen(spec_of(one_architecture))
+    assert cpu["search.fuse"].startswith("16 | 256 trials hold 8 batches of 2 x 16")
+    assert cpu["search.batch_size"].startswith("32 | 2 worker(s) x 16 fused trials")
+    cuda = chosen(spec_of(one_architecture), CUDA)
+    assert cuda["search.fuse"].startswith("8 | ") and cuda["search.batch_size"].startswith("16 | ")
+    # a continuous architecture argument: no two trials share shapes
+    wide = {"model.args.hidden": {"type": "float", "low": 8, "high": 64}}
+    assert (
+        "is continuous (or past a grid's 100,000 values)"
+        in chosen(spec_of({**one_architecture, "space": wide}))["search.fuse"]
+    )
+    # a plugin that opts out (pluginhost/strategy.py finds it out)
+    facts = st.Facts(cuda=True, unfusable="the model plugin 'x' says it cannot be fused")
+    assert chosen(spec_of(one_architecture), facts)["search.fuse"].startswith("off | no trial of this spec")
+
+
+def test_more_workers_than_trials() -> None:
+    got = chosen(spec_of({"n_trials": 3, "parallel": 4, "space": {"optimizer.args.lr": LR}}))
+    assert got["search.batch_size"].startswith("4 | ")  # never below parallel, which the spec requires
+    said = " ".join(st.notes(got["spec"], CPU))  # type: ignore[arg-type]
+    assert "search.parallel 4 > the 3 trials: 1 worker(s) never train" in said
+
+
+def test_written_settings_are_kept() -> None:
+    spec = spec_of({"n_trials": 256, "batch_size": 8, "fuse": 4, "space": {"optimizer.args.lr": LR}})
+    got = chosen(spec)
+    assert "search.batch_size" not in got and "search.fuse" not in got
+    assert (got["spec"].search.batch_size, got["spec"].search.fuse) == (8, 4)  # type: ignore[attr-defined]
+    # no auto, no strategy: the spec as it is
+    plain = load(SPACES / "smoke.yaml")
+    assert st.choose(plain, CPU).spec is plain and not st.choose(plain, CPU).choices
+
+
+def test_grid_and_several_objectives() -> None:
+    small = {
+        "model.args.hidden": {"type": "categorical", "choices": [16, 32]},
+        "model.args.depth": {"type": "int", "low": 1, "high": 3},
+    }
+    assert chosen(spec_of({"n_trials": 6, "space": small}))["search.sampler"].startswith(
+        "grid | the space has 6 points"
+    )
+    two = spec_of(
+        {"n_trials": 40, "space": {"optimizer.args.lr": LR}},
+        objectives=[{"metric": "val_acc"}, {"metric": "params", "direction": "minimize"}],
+    )
+    got = chosen(two)
+    assert got["search.pruner"].startswith("none | 2 objectives")
+    assert got["search.sampler"].startswith("tpe | ") and "2 objectives" in got["search.sampler"]
+
+
+def test_the_rules_read_what_the_code_does() -> None:
+    """The strategy's copies of what trial/ and search/ decide (spec/ may not import them)."""
+    assert st.FUSE_SPLITTING[2:] == tuple(f"train.{name}" for name in fused.SHARED)
+    assert warm_start.CONFIG_PATHS == ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
+    assert warm_start.MAX_CONFIGS == 8
+
+
+def test_validate_explains_the_auto_strategy(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path / "auto.yaml",
+        search={"sampler": "auto", "pruner": "auto", "n_trials": 8, "space": {"optimizer.args.lr": LR}},
+    )
+    proc = sweeper("validate", str(spec), check=True)
+    out = " ".join(proc.stdout.split())
+    assert "# strategy (search.sampler/pruner: auto; docs/strategy.md):" in out
+    for line in (
+        "search.sampler: random — at most 7 trials finish",
+        "search.pruner: median (min_epochs 1, startup_trials 5) — Optuna's benchmarks (kurobako): best pruner",
+        "search.batch_size: 1 — = search.parallel (1)",
+        "search.fuse: off — 8 trials < 64",
+        "search.lr_finder.enabled: false — ",
+    ):
+        assert line in out, out
+    assert "sampler: random" in out and "type: median" in out  # the resolved spec printed above it
+    # no auto: no strategy section
+    assert "# strategy" not in sweeper("validate", str(SPACES / "smoke.yaml"), check=True).stdout
+
+
+def test_settings_that_cannot_take_effect_are_said(tmp_path: Path) -> None:
+    # issue #30: fuse=16 with the default batch_size 4 validated silently
+    proc = sweeper("validate", str(SPACES / "smoke.yaml"), "search.fuse=16", "search.parallel=2", check=True)
+    err = " ".join(proc.stderr.split())
+    assert "search.fuse 16 with search.batch_size 4: a fused model holds trials of one batch, so no more than 4" in err
+    assert "set search.batch_size >= 32 (2 worker(s) x 16)" in err
+
+
+def test_the_notes_of_other_settings() -> None:
+    def notes(*overrides: str) -> str:
+        return " ".join(st.notes(load(SPACES / "smoke.yaml", overrides), CPU))
+
+    # with batch_size 16: one fused task a batch, so the second worker waits; 2 architectures
+    said = notes("search.fuse=16", "search.batch_size=16", "search.parallel=2")
+    assert "search.fuse 16 cuts a batch of 16 into 1 task(s) for 2 workers: 1 worker(s) wait each batch" in said
+    assert "model.args.hidden make(s) 2 architectures: about 8.0 trials per fused model" in said
+    assert "fusing pays from 16 on cpu" in said
+    # a pruner with one epoch to judge; TPE that never models; idle workers
+    said = notes("train.epochs=1", "search.parallel=4", "search.n_trials=3")
+    assert "search.pruner.type median with train.epochs 1" in said
+    assert "search.sampler tpe samples at random until 10 trials have finished; with 3 trials" in said
+    assert "search.parallel 4 > the 3 trials: 1 worker(s) never train" in said
+    assert notes() == notes("search.fuse=auto")  # auto on a CPU: nothing fused, nothing to say of it
+
+
+def test_auto_shorthand_and_contradictions(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "pop.yaml", search={"sampler": "auto", "population": 10, "n_trials": 40})
+    proc = sweeper("validate", str(spec))
+    assert proc.returncode == 2 and "search.population" in proc.stderr, proc.stderr
+
+
+def test_an_auto_sweep_runs_and_records_its_choices(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path / "auto.yaml",
+        search={"sampler": "auto", "pruner": "auto", "n_trials": 3, "space": {"optimizer.args.lr": LR}},
+    )
+    # fuse written: kept, and the batch chosen around it (1 worker x 2); run says it cannot pay here
+    ran = sweeper("run", str(spec), "train.epochs=1", "search.fuse=2", "--out", "out", "--quiet", check=True)
+    assert "search.fuse 2: about 2.0 trials per fused model, and fusing pays from 16 on cpu" in " ".join(
+        ran.stderr.split()
+    )
+    recorded = yaml.safe_load((tmp_path / "out" / "spec.yaml").read_text())["search"]
+    chosen = (recorded["sampler"], recorded["pruner"]["type"], recorded["batch_size"], recorded["fuse"])
+    assert chosen == ("random", "none", 2, 2)
+    assert recorded["lr_finder"]["enabled"] is False
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [t["state"] for t in summary["trials"]] == ["complete"] * 3
+
+
+@pytest.fixture
+def lonely(site: Path) -> None:
+    """An optimizer plugin that opts out of fusing (tests/plugins/sweeper_test_fusing.py)."""
+    source = (Path(__file__).parent / "plugins" / "sweeper_test_fusing.py").read_text()
+    make_dist(
+        site,
+        "sweeper-test-fusing",
+        "1.0",
+        {"sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"}},
+        {"sweeper_test_fusing.py": source},
+    )
+    registry.refresh()
+
+
+def test_a_plugin_that_opts_out_of_fusing_keeps_fusion_off(lonely: None) -> None:
+    space = {"optimizer.args.lr": LR, "optimizer.plugin": {"type": "categorical", "choices": ["adam", "lonely_sgd"]}}
+    spec = spec_of({"n_trials": 256, "space": space})
+    assert "lonely_sgd" in str(host.why_unfusable(spec))
+    got = host.resolve(spec)
+    fuse = next(c for c in got.choices if c.setting == "search.fuse")
+    assert fuse.value == "off" and "the optimizer plugin 'lonely_sgd' says it cannot be fused" in fuse.reason
+    assert host.why_unfusable(spec_of({"n_trials": 256, "space": {"optimizer.args.lr": LR}})) is None
