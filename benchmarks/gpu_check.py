@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_check.py          # on a machine with CUDA (the report goes in the note)
     python benchmarks/gpu_check.py --cpu    # the same checks, tiny, on the CPU: this script's own smoke test
-    python benchmarks/gpu_check.py throughput   # one check only
+    python benchmarks/gpu_check.py throughput   # one check only (or several: throughput,compile)
 
 The report is also written after each check to $GPU_CHECK_OUT (default ./gpu_check.json).
 
@@ -532,9 +532,13 @@ def main() -> None:
             "ray_fraction": lambda: check_ray_fraction(Path(data), small),
             "fused": lambda: check_fused(Path(data), device, small),
         }
+        chosen = [a for a in sys.argv[1:] if a != "--cpu"]  # `gpu_check.py throughput,compile`: these only
+        wanted = set(chosen[-1].split(",")) if chosen else set(checks)
+        if wanted - set(checks):
+            sys.exit(f"unknown check(s) {', '.join(sorted(wanted - set(checks)))}; the checks: {', '.join(checks)}")
         for name, check in checks.items():
-            if len(sys.argv) > 1 and sys.argv[-1] not in ("--cpu", name):
-                continue  # `gpu_check.py throughput`: one check only
+            if name not in wanted:
+                continue
             started = time.perf_counter()
             try:
                 report[name] = check()

@@ -23,8 +23,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one (docs/gpu.md lists these tests)")
 
 
+# Modules whose tests start a local Ray (or join one): kept on one test worker, one Ray at a time
+RAY_MODULES = {"test_ray", "test_faults", "test_objectives"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run only where CUDA is available (tests/test_gpu.py)."""
+    """Tests marked ``gpu`` run only where CUDA is available (tests/test_gpu.py). Each test gets
+    its pytest-xdist group (``./dev test`` runs two workers, ``--dist loadgroup``): its module, so
+    that a module's shared sweeps (module fixtures) are made once, on one worker; the Ray modules
+    share one group; the gpu_check processes are groups of their own, so both workers take some."""
+    for item in items:
+        module = item.path.stem
+        if module == "test_gpu_check":
+            group = "ray" if "ray_fraction" in item.name else item.name
+        else:
+            group = "ray" if module in RAY_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
     import torch
 
     if torch.cuda.is_available():

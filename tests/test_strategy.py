@@ -75,7 +75,7 @@ def test_fusion_where_it_pays() -> None:
     # a continuous architecture argument: no two trials share shapes
     wide = {"model.args.hidden": {"type": "float", "low": 8, "high": 64}}
     assert (
-        "is continuous (or past a grid's 100,000 values)"
+        "take a continuous range or more than a grid's 100,000 combinations"
         in chosen(spec_of({**one_architecture, "space": wide}))["search.fuse"]
     )
     # a plugin that opts out (pluginhost/strategy.py finds it out)

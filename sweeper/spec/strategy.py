@@ -161,8 +161,8 @@ def _fuse(spec: SweepSpec, machine: Facts, n: int | None, batch_size: int | None
     count, paths = architectures(spec.search.space)
     if math.isinf(count):
         return 1, (
-            f"{', '.join(paths)} is continuous (or past a grid's {sp.MAX_GRID_POINTS:,} values): "
-            f"trials rarely share a fused model's shapes"
+            f"the parameters that shape the model ({', '.join(paths)}) take a continuous range or more than "
+            f"a grid's {sp.MAX_GRID_POINTS:,} combinations: trials rarely share a fused model's shapes"
         )
     kinds = int(count)
     members = pays * kinds  # per worker's task: about `pays` per architecture
