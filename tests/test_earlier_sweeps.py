@@ -165,7 +165,8 @@ def test_warm_start_sources_that_cannot_be_read_are_refused(workdir: Path, earli
         "not a sweep": ([str(workdir)], "not a sweep's output folder"),
         "no such study": ([f"sqlite:///{earlier / 'optuna.db'}#zz"], "holds no study 'zz'; it holds: a"),
         "no database": ([f"sqlite:///{workdir / 'none.db'}"], "search.warm_start[0]: no study database at"),
-        "mlflow": (["mlflow:exp"], "MLflow experiments are not a warm-start source yet"),
+        "no experiment": (["mlflow:nowhere"], "search.warm_start[0]: no MLflow experiment 'nowhere' at"),
+        "unnamed experiment": (["mlflow:"], "name the MLflow experiment (mlflow:EXPERIMENT)"),
     }
     for case, (sources, message) in cases.items():
         s = spec(workdir / "e.yaml", "e", 1, warm_start=sources)
@@ -219,3 +220,33 @@ def test_an_earlier_sweep_in_postgresql_gives_the_same_lessons(workdir: Path, ea
     assert read["sources"] == [{"source": f"{pg_url}#a", "study": "a", "used": 3}]
     proc = sweeper("validate", str(workdir / "g.yaml"), f"search.warm_start=['{pg_url}#zz']")
     assert proc.returncode == 2 and "search.warm_start[0]: " in proc.stderr and "holds no study 'zz'" in proc.stderr
+
+
+def test_an_earlier_sweep_in_mlflow_gives_the_same_lessons_as_its_folder(workdir: Path, mlflow_uri: str):
+    """``mlflow:EXPERIMENT`` reads the trial runs an earlier sweep logged: the same lessons (numbers,
+    parameters typed by the space, values) as its study, which may be gone."""
+    from sweeper.search.optuna import earlier as lessons_of
+    from sweeper.spec import load
+
+    tracked = {"enabled": True, "mlflow_uri": mlflow_uri, "experiment": "earlier-in-mlflow"}
+    sweeper("run", str(spec(workdir / "m.yaml", "m", 3, tracking=tracked)), "--out", "m", "-q", check=True)
+    from_folder = load(spec(workdir / "f.yaml", "f", 1, warm_start=["m"]), [])
+    from_mlflow = load(spec(workdir / "g.yaml", "g", 1, warm_start=["mlflow:earlier-in-mlflow"]), [])
+    folder_lessons, _ = lessons_of.lessons(from_folder)
+    shutil.rmtree("m")  # the study is gone: MLflow still has what it learnt
+    mlflow_lessons, read = lessons_of.lessons(from_mlflow)
+    assert len(folder_lessons) == 3
+    assert [(x.number, x.state, x.params, x.values) for x in mlflow_lessons] == [
+        (x.number, x.state, x.params, x.values) for x in folder_lessons
+    ]
+    assert read["sources"] == [{"source": "mlflow:earlier-in-mlflow", "experiment": "earlier-in-mlflow", "used": 3}]
+    # a sweep that logs to that very experiment would learn from itself
+    own = spec(workdir / "h.yaml", "h", 1, tracking=tracked, warm_start=["mlflow:earlier-in-mlflow"])
+    proc = sweeper("validate", str(own))
+    assert proc.returncode == 2 and "is where this sweep logs its own trials" in proc.stderr
+    # and a sweep warm-started from it runs, its first trial the best earlier one
+    s = spec(
+        workdir / "w.yaml", "w", 2, tracking=tracked | {"experiment": "w"}, warm_start=["mlflow:earlier-in-mlflow"]
+    )
+    sweeper("run", str(s), "--out", "w", "-q", check=True)
+    assert summary(Path("w"))["warm_start"]["observations"] == 3

@@ -271,10 +271,10 @@ class SearchSpec(_Strict):
     )
     lr_finder: LRFinderSpec = LRFinderSpec()
     # Earlier sweeps whose finished trials seed this one (search/optuna/earlier.py): an output
-    # folder, or a storage URL with #study_name. Read once, when the sweep starts.
+    # folder, a storage URL with #study_name, or mlflow:EXPERIMENT. Read once, when the sweep starts.
     warm_start: list[str] = Field(
         default_factory=list,
-        description="earlier sweeps to learn from: output folders, or storage URLs (sqlite:///f.db#study)",
+        description="earlier sweeps to learn from: output folders, storage URLs (sqlite:///f.db#study), mlflow:NAME",
     )
     resources: ResourcesSpec = ResourcesSpec()  # backend ray
     ray: RaySpec = RaySpec()  # backend ray
@@ -444,10 +444,9 @@ def _check_warm_start(i: int, source: str) -> None:
     """The form of search.warm_start[i]; that it exists is checked where it is read."""
     where = f"warm_start[{i}]: {source!r}"
     if source.startswith("mlflow:"):
-        raise ValueError(
-            f"{where}: MLflow experiments are not a warm-start source yet; give the earlier sweep's "
-            f"output folder or its storage URL (summary.json's 'storage')"
-        )
+        if not source.removeprefix("mlflow:").strip():
+            raise ValueError(f"{where}: name the MLflow experiment (mlflow:EXPERIMENT)")
+        return
     if not source.strip():
         raise ValueError(f"{where}: empty; give an output folder or a storage URL (sqlite:///f.db#study)")
     if "://" in source:

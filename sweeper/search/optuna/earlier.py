@@ -1,8 +1,9 @@
 """Lessons from earlier sweeps (``search.warm_start``): the finished trials of earlier studies
 seed a new sweep's sampler.
 
-A source is an earlier sweep's output folder (its spec.yaml names the study and its storage) or
-a storage URL, ``sqlite:///f.db#study`` (the study may be left out when the database holds one).
+A source is an earlier sweep's output folder (its spec.yaml names the study and its storage),
+a storage URL, ``sqlite:///f.db#study`` (the study may be left out when the database holds one),
+or an MLflow experiment, ``mlflow:NAME``, at the spec's tracking URI (earlier_mlflow.py).
 Each finished trial (complete; pruned, with its last reported value) is fitted to the new space
 (``space.fit``: parameters the space lacks dropped, numbers clipped, a categorical value no
 longer offered drops the trial). The fitted trials are added to the new study once, when the
@@ -26,7 +27,7 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.errors import UserError
 from sweeper.review.study_view import distribution
-from sweeper.search.optuna import rdb
+from sweeper.search.optuna import earlier_mlflow, rdb
 from sweeper.search.optuna.ledger import studies as recorded
 from sweeper.search.optuna.study import EARLIER, directions, earlier, interrupted, make_storage, safe_url, storage_url
 from sweeper.spec import SweepSpec
@@ -48,11 +49,19 @@ class Source:
     def where(self) -> str:
         return f"search.warm_start[{self.index}]"
 
+    @property
+    def experiment(self) -> str | None:
+        """The MLflow experiment of an ``mlflow:NAME`` source; None for a study."""
+        return self.url.removeprefix(earlier_mlflow.PREFIX) if self.url.startswith(earlier_mlflow.PREFIX) else None
+
 
 def sources(spec: SweepSpec) -> list[Source]:
     """The spec's warm-start sources, resolved (an output folder read for its study)."""
     out = []
     for i, entry in enumerate(spec.search.warm_start):
+        if entry.startswith(earlier_mlflow.PREFIX):
+            out.append(Source(i, entry, None))
+            continue
         if "://" in entry:
             url, _, name = entry.partition("#")
             out.append(Source(i, url, name or None))
@@ -83,6 +92,13 @@ def check(spec: SweepSpec, out_dir: Path | None) -> None:
     such study, or measured another objective. A sweep begun already has read its sources (a
     worker joining it, a resume): they need not be there any more."""
     found = sources(spec)
+    own_experiment = (spec.tracking.experiment or spec.name) if spec.tracking.enabled else None
+    for source in found:
+        if source.experiment is not None and source.experiment == own_experiment:
+            raise UserError(
+                f"{source.where}: MLflow experiment {source.experiment!r} is where this sweep logs its own "
+                f"trials; warm-start from another sweep's experiment (or set tracking.experiment)"
+            )
     if out_dir is None:
         mine = None
     else:
@@ -96,7 +112,10 @@ def check(spec: SweepSpec, out_dir: Path | None) -> None:
         if _begun(*mine):
             return
     for source in found:
-        _open(spec, source, mine)
+        if source.experiment is not None:
+            earlier_mlflow.trials(spec, source.index, source.experiment)
+        else:
+            _open(spec, source, mine)
 
 
 def _begun(url: str, name: str) -> bool:
@@ -174,37 +193,43 @@ def lessons(spec: SweepSpec) -> tuple[list[Lesson], dict[str, Any]]:
     read: list[dict[str, Any]] = []
     out: list[Lesson] = []
     for source in sources(spec):
-        study = _open(spec, source, None)
-        used = dropped = 0
-        for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-            lesson = _lesson(spec, source.index, t)
-            if lesson is None:
-                dropped += t.state in (OptunaState.COMPLETE, OptunaState.PRUNED) and not earlier(t)
-                continue
-            out.append(lesson)
-            used += 1
-        read.append({"source": spec.search.warm_start[source.index], "study": study.study_name, "used": used})
-        if dropped:
-            read[-1]["not_fitting"] = dropped
+        if source.experiment is not None:
+            finished = earlier_mlflow.trials(spec, source.index, source.experiment)
+            read.append({"source": spec.search.warm_start[source.index], "experiment": source.experiment})
+        else:
+            study = _open(spec, source, None)
+            trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+            finished = [f for f in map(_finished, trials) if f is not None]
+            read.append({"source": spec.search.warm_start[source.index], "study": study.study_name})
+        found = [_lesson(spec, source.index, f) for f in finished]
+        out += [lesson for lesson in found if lesson is not None]
+        read[-1]["used"] = sum(lesson is not None for lesson in found)
+        if None in found:
+            read[-1]["not_fitting"] = found.count(None)
     return out, {"sources": read}
 
 
-def _lesson(spec: SweepSpec, source: int, t: FrozenTrial) -> Lesson | None:
-    """``t`` as a lesson, or None: not finished, interrupted, itself an earlier sweep's lesson
-    (its own source says it), or not fitting the space."""
+def _finished(t: FrozenTrial) -> earlier_mlflow.Finished | None:
+    """A study's trial as a finished earlier trial, or None: not finished, interrupted, or itself
+    an earlier sweep's lesson (its own source says it)."""
     if earlier(t) or interrupted(t) or t.state not in (OptunaState.COMPLETE, OptunaState.PRUNED):
         return None
+    return earlier_mlflow.Finished(t.number, t.state, t.params, t.values, t.intermediate_values)
+
+
+def _lesson(spec: SweepSpec, source: int, t: earlier_mlflow.Finished) -> Lesson | None:
+    """``t`` fitted to the space as a lesson, or None: it does not fit, or lacks its values."""
     params = sp.fit(spec.search.space, t.params)
     if params is None:
         return None
     if t.state == OptunaState.COMPLETE:
-        if t.values is None or not all(math.isfinite(v) for v in t.values):
+        if t.values is None or len(t.values) != len(spec.goals) or not all(math.isfinite(v) for v in t.values):
             return None
         return Lesson(source, t.number, t.state, params, list(t.values), None)
-    if len(spec.goals) > 1 or not t.intermediate_values:  # a pruned trial: its last reported value
+    if len(spec.goals) > 1 or not t.intermediate:  # a pruned trial: its last reported value
         return None
-    step = max(t.intermediate_values)
-    value = t.intermediate_values[step]
+    step = max(t.intermediate)
+    value = t.intermediate[step]
     return Lesson(source, t.number, t.state, params, [value], step) if math.isfinite(value) else None
 
 
