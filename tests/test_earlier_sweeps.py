@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -91,7 +92,10 @@ def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
 
 def test_warm_start_from_a_study_url_fits_the_trials_to_the_new_space(workdir: Path, earlier: Path):
     before = summary(earlier)
-    shutil.copy(earlier / "optuna.db", workdir / "copy.db")
+    # sqlite's backup API: the study may still be in optuna.db-wal (WAL mode, track/sqlite.py)
+    source, copy = sqlite3.connect(earlier / "optuna.db"), sqlite3.connect(workdir / "copy.db")
+    source.backup(copy)
+    source.close(), copy.close()
     url = f"sqlite:///{workdir / 'copy.db'}#a"
     narrower = {
         "optimizer.args.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True},
