@@ -200,21 +200,21 @@ def write_tiny_cifar(root: Path, per_batch: int = 20) -> None:
     write_random(root, per_batch)
 
 
+def install_test_plugin(site: Path, module: str, entry_points: dict[str, dict[str, str]]) -> None:
+    """tests/plugins/<module>.py installed in ``site`` as distribution ``module`` (dashes for
+    underscores) with ``entry_points``, and the plugin registry refreshed to see it."""
+    source = (Path(__file__).parent / "plugins" / f"{module}.py").read_text()
+    make_dist(site, module.replace("_", "-"), "1.0", entry_points, {f"{module}.py": source})
+    from sweeper.pluginhost import registry
+
+    registry.refresh()
+
+
 @pytest.fixture
 def gate(site: Path, tmp_path: Path) -> Path:
     """The `gate` schedule plugin (tests/plugins/sweeper_test_gate.py) installed as a distribution;
     returns the folder to pass as its ``folder`` argument."""
-    source = (Path(__file__).parent / "plugins" / "sweeper_test_gate.py").read_text()
-    make_dist(
-        site,
-        "sweeper-test-gate",
-        "1.0",
-        {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}},
-        {"sweeper_test_gate.py": source},
-    )
-    from sweeper.pluginhost import registry
-
-    registry.refresh()
+    install_test_plugin(site, "sweeper_test_gate", {"sweeper.schedules": {"gate": "sweeper_test_gate:gate"}})
     return tmp_path / "gate"
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_dist, sweeper, wait_for, write_spec
+from conftest import install_test_plugin, sweeper, wait_for, write_spec
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 
 from sweeper.trial.states import FailureKind
@@ -22,20 +22,14 @@ LIMIT_S = 4  # train.max_trial_seconds of the hang tests: a normal trial here ta
 
 @pytest.fixture
 def hangs(site: Path) -> None:
-    source = (Path(__file__).parent / "plugins" / "sweeper_test_hangs.py").read_text()
-    make_dist(
+    install_test_plugin(
         site,
-        "sweeper-test-hangs",
-        "1.0",
+        "sweeper_test_hangs",
         {
             "sweeper.models": {"sleepy": "sweeper_test_hangs:sleepy"},
             "sweeper.datasets": {"stuck_reader": "sweeper_test_hangs:stuck_reader"},
         },
-        {"sweeper_test_hangs.py": source},
     )
-    from sweeper.pluginhost import registry
-
-    registry.refresh()
 
 
 def _summary(out: Path) -> dict:

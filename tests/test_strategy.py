@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import SPACES, make_dist, sweeper, write_spec
+from conftest import SPACES, install_test_plugin, sweeper, write_spec
 
-from sweeper.pluginhost import registry
 from sweeper.pluginhost import strategy as host
 from sweeper.search import warm_start
 from sweeper.spec import load, validate
@@ -197,15 +196,9 @@ def test_an_auto_sweep_runs_and_records_its_choices(tmp_path: Path) -> None:
 @pytest.fixture
 def lonely(site: Path) -> None:
     """An optimizer plugin that opts out of fusing (tests/plugins/sweeper_test_fusing.py)."""
-    source = (Path(__file__).parent / "plugins" / "sweeper_test_fusing.py").read_text()
-    make_dist(
-        site,
-        "sweeper-test-fusing",
-        "1.0",
-        {"sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"}},
-        {"sweeper_test_fusing.py": source},
+    install_test_plugin(
+        site, "sweeper_test_fusing", {"sweeper.optimizers": {"lonely_sgd": "sweeper_test_fusing:lonely_sgd"}}
     )
-    registry.refresh()
 
 
 def test_a_plugin_that_opts_out_of_fusing_keeps_fusion_off(lonely: None) -> None:
