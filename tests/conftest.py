@@ -35,10 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     share one group; the gpu_check processes are groups of their own, so both workers take some."""
     for item in items:
         module = item.path.stem
-        if module == "test_gpu_check":
-            group = "ray" if "ray_fraction" in item.name else item.name
-        else:
-            group = "ray" if module in RAY_MODULES else module
+        group = item.name if module == "test_gpu_check" else "ray" if module in RAY_MODULES else module
         item.add_marker(pytest.mark.xdist_group(group))
     import torch
 
