@@ -25,6 +25,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Modules whose tests start a local Ray (or join one): kept on one test worker, one Ray at a time
 RAY_MODULES = {"test_ray", "test_faults", "test_objectives"}
+# The groups that take longest (each 1-10 worker-minutes, `./dev test --durations=40`), handed
+# out first (./dev test passes --no-loadscope-reorder, which keeps this order): one of them
+# started last would keep one worker busy while the other has nothing left to do
+LONGEST_FIRST = (
+    "ray",
+    "test_gpu_check",
+    "test_distributed",
+    "test_deploy_rehearsal",
+    "test_example_plugin",
+    "test_budgets",
+    "test_journal",
+    "test_wheel",
+    "test_browser",
+    "test_mlflow_server",
+    "test_fused",
+    "test_fused_sweeps",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -32,11 +49,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``gpu`` run only where CUDA is available (tests/test_gpu.py). Each test gets
     its pytest-xdist group (``./dev test`` runs two workers, ``--dist loadgroup``): its module, so
     that a module's shared sweeps (module fixtures) are made once, on one worker; the Ray modules
-    share one group; the gpu_check processes are groups of their own, so both workers take some."""
+    share one group; the gpu_check processes are groups of their own, so both workers take some.
+    The groups of LONGEST_FIRST come first, in its order (a stable sort keeps a module's tests
+    together and in their order)."""
     for item in items:
         module = item.path.stem
         group = item.name if module == "test_gpu_check" else "ray" if module in RAY_MODULES else module
         item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        module = item.path.stem
+        name = "ray" if module in RAY_MODULES else module
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
     import torch
 
     if torch.cuda.is_available():
