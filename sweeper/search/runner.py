@@ -17,6 +17,7 @@ from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost import strategy
 from sweeper.pluginhost.auto_space import derive
+from sweeper.pluginhost.base_point import base_point
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.pluginhost.tasks import resolve
 from sweeper.search import backend, checkpoints, pool
@@ -130,7 +131,7 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
     """This process prepares the sweep: its MLflow parent run and the LR warm start."""
     parent = start_sweep_run(tracker, spec, None)
     if not spec.search.lr_finder.enabled:
-        return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, fresh=True)
+        return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, enqueue=_base(spec), fresh=True)
     from sweeper.search import warm_start
 
     warm = warm_start.prepare(spec, out_dir, cache)
@@ -141,10 +142,16 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
         tracking_uri=redact(tracker.uri),
         parent_run_id=parent,
         lr_range=(lr.low, lr.high),
-        enqueue=list(warm.enqueue),
+        enqueue=[*_base(warm.spec), *warm.enqueue],
         lr_finder=warm.summary(),
         fresh=True,
     )
+
+
+def _base(spec: SweepSpec) -> list[dict[str, Any]]:
+    """search.base_first: the base point, the sweep's first trial (in the space the LR warm start
+    narrowed); prepared once and stored with the sweep, so a resume does not run it again."""
+    return [base_point(spec)] if spec.search.base_first and spec.search.space else []
 
 
 def _serve(
