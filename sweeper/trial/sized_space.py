@@ -90,7 +90,7 @@ def size(spec: SweepSpec, cache: DataCache | None = None) -> Sized:
 
 def _line(what: str, cost_s: float, budget_s: float) -> str:
     return (
-        f"search.space: {what} ~{cost_s:.1f} device-s, the budget of {budget_s:.0f} "
+        f"search.space: {what} ~{cost_s:.3g} device-s, the budget of {budget_s:.3g} "
         f"device-s fits {budget_s / cost_s:.1f} (fewer than {MIN_TRIALS})"
     )
 
