@@ -4,7 +4,7 @@ and the settings that cannot take effect as written.
 ``choose`` turns a spec that asks for ``auto`` into a concrete one (the spec every process
 records and runs) and says why each value was chosen, with the numbers it used; ``sweeper
 validate`` prints it. When the strategy is asked for, the settings it shapes that the spec leaves
-unwritten (search.batch_size, search.fuse, search.lr_finder) are chosen with it; a written one is
+unwritten (search.batch_size, search.fuse, search.lr_finder, search.base_first) are chosen with it; a written one is
 kept. ``notes`` lists what a spec sets that cannot take effect (a fused model larger than a
 batch, a pruner with one epoch to judge, ...), for every spec, ``auto`` or not.
 
