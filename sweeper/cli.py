@@ -216,14 +216,20 @@ def validate(
     import yaml
 
     from sweeper.pluginhost import strategy
-    from sweeper.pluginhost.auto_space import derive, provenance_lines
+    from sweeper.pluginhost.auto_space import Derived, derive, provenance_lines
     from sweeper.pluginhost.binding import check_plugins, provenance
     from sweeper.pluginhost.tasks import resolve
     from sweeper.spec import load
+    from sweeper.trial import sized_space
     from sweeper.trial.preflight import dry_build
 
-    derived = derive(load(spec, overrides or [], auto=auto))
-    chosen = strategy.resolve(derived.spec)  # sampler/pruner: auto, from the derived space
+    loaded = load(spec, overrides or [], auto=auto)
+    derived = derive(loaded)
+    sized: list[str] = []
+    if sized_space.wanted(loaded):  # --auto with a device-time budget: as `sweeper run` sizes it
+        done = sized_space.size(derived.spec)
+        derived, sized = Derived(done.spec, {p: derived.sources[p] for p in done.spec.search.space}), done.changes
+    chosen = strategy.resolve(derived.spec)  # sampler/pruner: auto, from the derived (sized) space
     sweep = resolve(chosen.spec)
     check_plugins(sweep)
     if sweep.search.warm_start:
@@ -235,6 +241,10 @@ def validate(
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")
     for line in provenance_lines(derived):
         typer.echo(f"#   {line}")
+    if sized_space.wanted(loaded):
+        typer.echo("# sized to the budget (timed here; `sweeper run` sizes again on its machine):")
+        for change in sized or ["search.space: nothing dropped, every choice fits"]:
+            typer.echo(f"#   {change}")
     typer.echo(f"# budget: {sweep.budget()}")
     if chosen.choices:
         typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")

@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy as sa
-from conftest import sweeper, write_spec
+from conftest import SPACES, sweeper, write_spec
 from mlflow.tracking import MlflowClient
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 
@@ -74,8 +74,13 @@ def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
     assert {t.user_attrs["sweeper_earlier"]["source"] for t in seen} == {str(earlier)}
     assert len(after["trials"]) == 4  # the budget: this sweep's own trials only
     assert after["counts"]["complete"] == 4
-    # the best earlier trials are re-evaluated first, with their parameters
-    ranked = sorted(before["trials"], key=lambda t: -t["value"])
+    # the best earlier trials are re-evaluated first, with their parameters: those within 1 % of the
+    # best value cheapest first (their device seconds), then the others best first
+    top = max(t["value"] for t in before["trials"])
+    ranked = sorted(
+        before["trials"],
+        key=lambda t: (t["value"] < 0.99 * top, t["device_seconds"] if t["value"] >= 0.99 * top else 0, -t["value"]),
+    )
     assert [t["params"] for t in after["trials"][:3]] == [t["params"] for t in ranked]  # then the LR finder's trial
     assert after["warm_start"]["observations"] == 3
     assert after["warm_start"]["re_evaluated"] == [t["params"] for t in ranked]
@@ -254,3 +259,44 @@ def test_an_earlier_sweep_in_mlflow_gives_the_same_lessons_as_its_folder(workdir
     )
     sweeper("run", str(s), "--out", "w", "-q", check=True)
     assert summary(Path("w"))["warm_start"]["observations"] == 3
+
+
+def test_the_first_re_evaluated_are_the_cheapest_of_the_near_best():
+    from optuna.trial import TrialState
+
+    from sweeper.search.optuna import earlier as lessons_of
+    from sweeper.spec import load
+
+    spec = load(SPACES / "smoke.yaml")  # maximizes val_acc
+
+    def lesson(number: int, value: float, seconds: float | None) -> lessons_of.Lesson:
+        return lessons_of.Lesson(0, number, TrialState.COMPLETE, {"x": number}, [value], None, seconds)
+
+    found = [
+        lesson(0, 0.90, 1.0),
+        lesson(1, 0.990, 30.0),
+        lesson(2, 0.985, 5.0),
+        lesson(3, 0.992, 20.0),  # the best; 1 % below it: 0.982
+        lesson(4, 0.95, 0.5),
+        lesson(5, 0.991, None),  # near-best, its cost not recorded (an MLflow source): after the known
+        lessons_of.Lesson(0, 6, TrialState.PRUNED, {"x": 6}, [0.999], 2, 0.1),  # pruned: never re-evaluated
+    ]
+    assert lessons_of.best(spec, found) == [{"x": 2}, {"x": 3}, {"x": 1}]
+    assert lessons_of.best(spec, found, k=6) == [{"x": n} for n in (2, 3, 1, 5, 4, 0)]
+    # the sweep's own first trials (its base point, ...) that an earlier trial measured are not run again
+    assert lessons_of.unmeasured(found, [{"x": 4}, {"x": 9}]) == [{"x": 9}]
+
+
+def test_a_warm_started_sweep_runs_the_base_point_once(workdir: Path):
+    """Both sweeps start at the base point (search.base_first): the earlier one measured it, so
+    the new one re-evaluates it among the best and does not enqueue it again on its own."""
+    s = spec(workdir / "p.yaml", "p", 2, base_first=True)
+    sweeper("run", str(s), "--out", "p", "-q", check=True)
+    base = summary(workdir / "p")["trials"][0]["params"]
+    assert base == {"optimizer.args.lr": 1.0e-2, "model.args.hidden": 32}  # smoke's own values
+    s = spec(workdir / "q.yaml", "q", 3, base_first=True, warm_start=[str(workdir / "p")])
+    sweeper("run", str(s), "--out", "q", "-q", check=True)
+    after = summary(workdir / "q")
+    assert after["warm_start"]["measured_already"] == [base]
+    assert after["warm_start"]["re_evaluated"] == [t["params"] for t in after["trials"][:2]]
+    assert [t["params"] for t in after["trials"]].count(base) == 1

@@ -292,3 +292,40 @@ class _First:
 
     def suggest_categorical(self, name, choices):
         return self.fixed.get(name, choices[0])
+
+
+def test_the_base_point_takes_the_spec_s_value_else_the_plugin_s_default_else_the_centre():
+    from sweeper.pluginhost.base_point import base_point
+
+    def entry(kind: str, **rest: object) -> dict[str, object]:
+        return {"type": kind, **rest}
+
+    spec = spec_with(
+        model={"plugin": "mlp", "args": {"depth": 1}},
+        search={
+            "n_trials": 4,
+            "space": {
+                "model.plugin": entry("categorical", choices=["cnn", "mlp"]),
+                "model.args.depth": entry("int", low=1, high=4),  # the spec fixes 1
+                "model.args.hidden": entry("int", low=16, high=512, log=True),  # mlp's default: 256
+                "model.args.dropout": entry("float", low=0.1, high=0.3),  # mlp's 0.0, clipped into the range
+                "model.args.channels": entry("categorical", choices=[8, 16], when={"model.plugin": "cnn"}),
+                "optimizer.args.lr": entry("float", low=1e-4, high=1e-1, log=True),  # the spec fixes 1e-2
+                "train.grad_clip": entry("float", low=0.1, high=10.0, log=True),  # unset: geometric centre
+                "train.max_trial_seconds": entry("float", low=10.0, high=30.0),  # unset: centre
+                "train.batch_size": entry("categorical", choices=[8, 16]),  # the spec's 32 not offered: first
+            },
+        },
+    )
+    point = base_point(spec)
+    assert point == {
+        "model.plugin": "mlp",
+        "model.args.depth": 1,
+        "model.args.hidden": 256,
+        "model.args.dropout": 0.1,
+        "optimizer.args.lr": 1e-2,
+        "train.grad_clip": pytest.approx(1.0),
+        "train.max_trial_seconds": 20.0,
+        "train.batch_size": 8,
+    }  # model.args.channels: its condition fails at the base point, as a sampled trial leaves it out
+    assert sp.fit(spec.search.space, point) == point  # a point of the space

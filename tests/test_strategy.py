@@ -137,6 +137,7 @@ def test_validate_explains_the_auto_strategy(tmp_path: Path) -> None:
         "search.batch_size: 1 — = search.parallel (1)",
         "search.fuse: off — 8 trials < 64",
         "search.lr_finder.enabled: false — ",
+        "search.base_first: true — the first trial is the base point",
     ):
         assert line in out, out
     assert "sampler: random" in out and "type: median" in out  # the resolved spec printed above it
@@ -188,9 +189,11 @@ def test_an_auto_sweep_runs_and_records_its_choices(tmp_path: Path) -> None:
     recorded = yaml.safe_load((tmp_path / "out" / "spec.yaml").read_text())["search"]
     chosen = (recorded["sampler"], recorded["pruner"]["type"], recorded["batch_size"], recorded["fuse"])
     assert chosen == ("random", "none", 2, 2)
-    assert recorded["lr_finder"]["enabled"] is False
+    assert recorded["lr_finder"]["enabled"] is False and recorded["base_first"] is True
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [t["state"] for t in summary["trials"]] == ["complete"] * 3
+    assert summary["trials"][0]["params"] == {"optimizer.args.lr": 1.0e-2}  # the base point: the spec's lr
+    assert "auto_space_sized" not in summary  # no derived space, no device-time budget: nothing sized
 
 
 @pytest.fixture
@@ -209,3 +212,52 @@ def test_a_plugin_that_opts_out_of_fusing_keeps_fusion_off(lonely: None) -> None
     fuse = next(c for c in got.choices if c.setting == "search.fuse")
     assert fuse.value == "off" and "the optimizer plugin 'lonely_sgd' says it cannot be fused" in fuse.reason
     assert host.why_unfusable(spec_of({"n_trials": 256, "space": {"optimizer.args.lr": LR}})) is None
+
+
+def test_an_auto_sweep_is_sized_to_its_budget_and_starts_at_the_base_point(tmp_path: Path) -> None:
+    """--auto with a device-time budget: a model too costly for it is dropped (validate and run
+    say so, summary.json records it); the base point runs first, and once, also when the sweep is
+    resumed; the resume keeps the sizing the sweep began with."""
+    from sweeper.trial.sized_space import MIN_TRIALS
+
+    # hidden 2048 x 2 layers: ~0.8 GFLOP a step, 25x and more the cost of hidden 16 (the base point's:
+    # the spec's 32 is not offered) and far over a tenth of the budget (0.36 s)
+    hidden = {"type": "categorical", "choices": [16, 2048]}
+    spec = write_spec(
+        tmp_path / "sized.yaml",
+        model={"plugin": "mlp", "args": {"depth": 2}},
+        train={"epochs": 2, "batch_size": 32, "device": "cpu", "cpu_threads": 1},
+        search={
+            "sampler": "auto",
+            "pruner": "auto",
+            "n_trials": 2,
+            "budget": {"device_hours": 0.001},
+            "auto": {"train": False},
+            "space": {"model.args.hidden": hidden},
+        },
+        tracking={"enabled": False},
+        export={"formats": []},
+    )
+    dropped = "search.space: dropped model.args.hidden=2048: one trial ~"
+    checked = sweeper("validate", str(spec), "--auto", check=True).stdout
+    assert dropped in checked and f"(fewer than {MIN_TRIALS})" in checked, checked
+    listed = next(line for line in checked.splitlines() if line.startswith("#   model.args.hidden "))
+    assert listed.split()[2:5] == ["one", "of", "[16]"]  # the sized space is what validate lists
+
+    ran = sweeper("run", str(spec), "--auto", "--out", "out", "--quiet", check=True)
+    assert f"note: {dropped}" in ran.stderr, ran.stderr
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["spec"]["search"]["space"]["model.args.hidden"]["choices"] == [16]
+    assert [line.startswith(dropped) for line in summary["auto_space_sized"]] == [True]
+    base = summary["trials"][0]["params"]
+    assert base["model.args.hidden"] == 16 and base["model.args.dropout"] == 0.0  # mlp's default
+
+    # resumed with one trial more: the sizing is read back (here: a line changed to tell), and the
+    # base point is not enqueued again
+    sizing = json.loads((out / "auto_space.json").read_text())
+    (out / "auto_space.json").write_text(json.dumps({**sizing, "changes": ["as sized before"]}))
+    sweeper("run", str(spec), "--auto", "search.n_trials=3", "--out", "out", "--quiet", check=True)
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["auto_space_sized"] == ["as sized before"]
+    assert len(resumed["trials"]) == 3 and [t["params"] == base for t in resumed["trials"]] == [True, False, False]

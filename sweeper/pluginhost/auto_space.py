@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from sweeper.errors import UserError
 from sweeper.pluginhost import registry
+from sweeper.pluginhost.base_point import plugin_default
 from sweeper.pluginhost.binding import accepted_args, plugin_choices
 from sweeper.pluginhost.priors import Declared, declared, describe
 from sweeper.spec import SweepSpec
@@ -204,21 +205,12 @@ def _settle_conditions(spec: SweepSpec, space: dict[str, sp.Param]) -> dict[str,
             section, _, arg = dep.partition(".args.")
             owner = when.get(f"{section}.plugin", getattr(spec, section).plugin)
             owner = owner[0] if isinstance(owner, list) else owner  # shared conditions are alike (checked)
-            value = getattr(spec, section).args.get(arg, _default(section, str(owner), arg))
+            value = getattr(spec, section).args.get(arg, plugin_default(section, str(owner), arg))
             keep = keep and sp.accepts(condition, value)
             del when[dep]
         if keep:
             settled[path] = param.model_copy(update={"when": when or None})
     return settled
-
-
-def _default(section: str, plugin: str, arg: str) -> Any:
-    """The default of argument ``arg`` of ``section``'s plugin ``plugin`` (None: it has none)."""
-    import inspect
-
-    factory = registry.get(SEARCHED_SECTIONS[section], plugin)
-    parameter = inspect.signature(factory).parameters.get(arg)
-    return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
 def provenance_lines(derived: Derived) -> list[str]:

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter
 
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.pluginhost import strategy
 from sweeper.pluginhost.auto_space import derive
+from sweeper.pluginhost.base_point import base_point
 from sweeper.pluginhost.binding import check_plugins
 from sweeper.pluginhost.tasks import resolve
 from sweeper.search import backend, checkpoints, pool
@@ -25,16 +27,21 @@ from sweeper.search.interim import InterimReview
 from sweeper.search.state import Prepared, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
 from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
 from sweeper.track.sync import sync_tracker
+from sweeper.trial import sized_space
 from sweeper.trial.build import DataCache, ProcessCache
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.preflight import dry_build
+from sweeper.trial.sized_space import Sized
 
 TRACKER_ATTEMPTS = 5
 LOCK_FILE = "run.lock"  # in --out: held by the `sweeper run` using the folder
+SIZED_FILE = "auto_space.json"  # in --out: the sizing of a derived space, read back on a resume
+PARAM: TypeAdapter[sp.Param] = TypeAdapter(sp.Param)
 
 
 def default_out_dir(spec: SweepSpec) -> Path:
@@ -98,16 +105,21 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
     trial is left to claim; returns a small report of what it trained)."""
     import torch
 
-    # the space derived from the priors (search.auto), then search.sampler/pruner: auto chosen from it
-    # (before the task's resolution, which marks every field set); the objective as the task
-    # reports it; what it cannot train refused
-    spec = resolve(strategy.resolve(derive(spec).spec).spec)
+    cache = ProcessCache()  # this process's data set (sizing, warm start, inline trials, export) and compiled forwards
+    # the space derived from the priors (search.auto) and, by `sweeper run` with a device-time budget,
+    # sized to it (a worker never sizes: with --study it reads the sized spec the sweep stored), then
+    # search.sampler/pruner: auto chosen from it (before the task's resolution, which marks every
+    # field set); the objective as the task reports it; what it cannot train refused
+    derived = derive(spec).spec
+    sized = _sized(spec, derived, out_dir, cache) if role == "run" and sized_space.wanted(spec) else None
+    for change in sized.changes if sized is not None else []:
+        print(f"note: {change}", file=sys.stderr)
+    spec = resolve(strategy.resolve(sized.spec if sized is not None else derived).spec)
     check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
-    cache = ProcessCache()  # this process's data set (warm start, inline trials, export) and compiled forwards
     prestarted = pool.Prestarted()
     if spec.search.backend == "optuna" and spec.search.parallel > 1:
         prestarted.start(spec.search.parallel)  # the workers start while this process prepares
@@ -119,18 +131,41 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
         with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
             store = searcher.store(spec, out_dir)
             try:
-                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted)
+                changes = sized.changes if sized is not None else None
+                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes)
             finally:
                 store.close()
     finally:
         prestarted.discard()  # none when the pool took them
 
 
+def _sized(loaded: SweepSpec, derived: SweepSpec, out_dir: Path, cache: ProcessCache) -> Sized:
+    """The derived space sized to the budget (trial/sized_space.py), once per output folder: a
+    resume reads the sizing back from SIZED_FILE (timing differs between runs, the trial table
+    must not), unless what a trial's cost depends on, or the budget, changed."""
+    key = json.loads(derived.model_dump_json(include={"dataset", "data", "model", "optimizer", "train", "seed"}))
+    key["search"] = json.loads(derived.search.model_dump_json(include={"space", "budget"}))
+    path = out_dir / SIZED_FILE
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["key"] == key:
+            space = {p: PARAM.validate_python(v) for p, v in kept["space"].items()}
+            search = derived.search.model_copy(update={"space": space})
+            return Sized(derived.model_copy(update={"search": search}), list(kept["changes"]))
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: size again
+        pass
+    sized = sized_space.size(derived, cache.data)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kept = {"key": key, "space": sp.as_json(sized.spec.search.space), "changes": sized.changes}
+    write_atomic(path, json.dumps(kept, indent=1))
+    return sized
+
+
 def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observer, cache: ProcessCache) -> Prepared:
     """This process prepares the sweep: its MLflow parent run and the LR warm start."""
     parent = start_sweep_run(tracker, spec, None)
     if not spec.search.lr_finder.enabled:
-        return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, fresh=True)
+        return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, enqueue=_base(spec), fresh=True)
     from sweeper.search import warm_start
 
     warm = warm_start.prepare(spec, out_dir, cache)
@@ -141,10 +176,16 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
         tracking_uri=redact(tracker.uri),
         parent_run_id=parent,
         lr_range=(lr.low, lr.high),
-        enqueue=list(warm.enqueue),
+        enqueue=[*_base(warm.spec), *warm.enqueue],
         lr_finder=warm.summary(),
         fresh=True,
     )
+
+
+def _base(spec: SweepSpec) -> list[dict[str, Any]]:
+    """search.base_first: the base point, the sweep's first trial (in the space the LR warm start
+    narrowed); prepared once and stored with the sweep, so a resume does not run it again."""
+    return [base_point(spec)] if spec.search.base_first and spec.search.space else []
 
 
 def _serve(
@@ -156,7 +197,10 @@ def _serve(
     store: SweepStore,
     cache: ProcessCache,
     prestarted: pool.Prestarted,
+    sized: list[str] | None = None,
 ) -> dict[str, Any]:
+    """Serve the resolved sweep; ``sized``: the changes sizing made to a derived space (None: not
+    sized), for summary.json."""
     if role == "run":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
@@ -204,6 +248,8 @@ def _serve(
     checkpoints.prune(spec, result.records, out_dir)
     summary = summarize(spec, result, out_dir, tracker, parent)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
+    if sized is not None:
+        summary["auto_space_sized"] = sized
     if prepared.lr_finder is not None:
         summary["lr_finder"] = prepared.lr_finder
     if prepared.warm_start is not None:

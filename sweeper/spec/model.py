@@ -184,6 +184,7 @@ OPTUNA_ONLY = {
     "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
     "fuse": "nothing yet: Ray Tune runs one trial per actor",
     "warm_start": "nothing yet: Ray Tune starts each sweep from scratch",
+    "base_first": "nothing yet: Ray Tune's first trial is its sampler's",
 }
 
 
@@ -270,6 +271,10 @@ class SearchSpec(_Strict):
         "search.storage is set",
     )
     lr_finder: LRFinderSpec = LRFinderSpec()
+    # The sweep's first trial is the base point (sweeper/pluginhost/base_point.py): each searched
+    # parameter at the spec's value, else the plugin's default, else its range's centre. A known
+    # reasonable trial first: the sampler's random start may open with slow or weak points.
+    base_first: bool = False
     # Earlier sweeps whose finished trials seed this one (search/optuna/earlier.py): an output
     # folder, a storage URL with #study_name, or mlflow:EXPERIMENT. Read once, when the sweep starts.
     warm_start: list[str] = Field(

@@ -16,4 +16,6 @@ same trial run under both backends, in a replay and in tests.
 - seeding.py     named seed streams; seeding every RNG; torch thread and kernel settings
 - lr_finder.py   the learning-rate range test
 - preflight.py   before the first trial: prepare the data once, dry-build every plugin choice on the CPU
+- estimate.py    a trial's time from a few timed steps (`validate --estimate`)
+- sized_space.py --auto with a device-time budget: the derived space's too costly choices dropped
 """

@@ -19,7 +19,7 @@ import torch
 from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.trial.batching import train_batches
-from sweeper.trial.build import build_model, build_optimizer, build_task, load_data
+from sweeper.trial.build import DataCache, build_model, build_optimizer, build_task, load_data
 from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, first_batch
 from sweeper.trial.seeding import configure_torch, threads_per_trial
 from sweeper.trial.trainer import Stepper, evaluate, resolve_device
@@ -105,12 +105,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def estimate(spec: SweepSpec) -> Estimate:
+def estimate(spec: SweepSpec, cache: DataCache | None = None) -> Estimate:
+    """Time the base configuration of ``spec`` (its data set from ``cache`` when it holds it)."""
     threads = threads_per_trial(spec)
     device = resolve_device(spec.train.device)
     if device.type == "cpu":
         configure_torch(threads=threads, deterministic=spec.train.deterministic)
-    data, _ = load_data(spec, device)
+    data, _ = load_data(spec, device, cache)
     torch.manual_seed(spec.seed)
     task = build_task(spec, data)
     model = build_model(spec, data, task).to(device)

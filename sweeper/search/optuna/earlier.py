@@ -9,8 +9,10 @@ Each finished trial (complete; pruned, with its last reported value) is fitted t
 longer offered drops the trial). The fitted trials are added to the new study once, when the
 sweep is first prepared, in one transaction and in a fixed order (sources as listed, trials by
 number): observations, marked ``EARLIER``, which the sampler learns from and which are not the
-sweep's trials (no slot of the budget, not in its trial table or summary). The parameters of the
-best few complete ones are enqueued as the sweep's first trials: re-evaluated under the new spec.
+sweep's trials (no slot of the budget, not in its trial table or summary). The parameters of a
+few complete ones are enqueued as the sweep's first trials, re-evaluated under the new spec: the
+cheapest of the near-best first (``best``). A point the sweep would enqueue itself (its base point,
+an LR suggestion) that an earlier sweep measured already is not run again (``unmeasured``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,25 @@ from sweeper.errors import UserError
 from sweeper.review.study_view import distribution
 from sweeper.search.optuna import earlier_mlflow, rdb
 from sweeper.search.optuna.ledger import studies as recorded
-from sweeper.search.optuna.study import EARLIER, directions, earlier, interrupted, make_storage, safe_url, storage_url
+from sweeper.search.optuna.study import (
+    EARLIER,
+    INFO,
+    directions,
+    earlier,
+    interrupted,
+    make_storage,
+    safe_url,
+    storage_url,
+)
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 
 RE_EVALUATED = 3  # the best complete earlier trials run again first: a few, so the budget goes to new points
+# Earlier trials whose value is within this share of the best one's count as near-best, and run
+# again cheapest first (their device seconds): a warm start's time to its first good result is the
+# first re-evaluated trial's time, and among near-equal values a re-evaluation under a new seed does
+# not tell which is better anyway. 1 %: a choice (of accuracy, about a point), not a measurement.
+NEAR_BEST = 0.01
 SPEC_FILE = "spec.yaml"  # in an output folder: the spec the sweep ran with (runner.py writes it)
 
 
@@ -185,6 +201,7 @@ class Lesson:
     params: dict[str, Any]  # fitted
     values: list[float]  # complete: its objective values; pruned: [its last reported value]
     step: int | None  # pruned: the epoch of that value
+    device_seconds: float | None = None  # what it cost (search.budget's unit); None: not recorded
 
 
 def lessons(spec: SweepSpec) -> tuple[list[Lesson], dict[str, Any]]:
@@ -214,7 +231,8 @@ def _finished(t: FrozenTrial) -> earlier_mlflow.Finished | None:
     an earlier sweep's lesson (its own source says it)."""
     if earlier(t) or interrupted(t) or t.state not in (OptunaState.COMPLETE, OptunaState.PRUNED):
         return None
-    return earlier_mlflow.Finished(t.number, t.state, t.params, t.values, t.intermediate_values)
+    cost = t.user_attrs.get(INFO, {}).get("device_seconds")
+    return earlier_mlflow.Finished(t.number, t.state, t.params, t.values, t.intermediate_values, cost)
 
 
 def _lesson(spec: SweepSpec, source: int, t: earlier_mlflow.Finished) -> Lesson | None:
@@ -225,28 +243,45 @@ def _lesson(spec: SweepSpec, source: int, t: earlier_mlflow.Finished) -> Lesson 
     if t.state == OptunaState.COMPLETE:
         if t.values is None or len(t.values) != len(spec.goals) or not all(math.isfinite(v) for v in t.values):
             return None
-        return Lesson(source, t.number, t.state, params, list(t.values), None)
+        return Lesson(source, t.number, t.state, params, list(t.values), None, t.device_seconds)
     if len(spec.goals) > 1 or not t.intermediate:  # a pruned trial: its last reported value
         return None
     step = max(t.intermediate)
     value = t.intermediate[step]
-    return Lesson(source, t.number, t.state, params, [value], step) if math.isfinite(value) else None
+    return Lesson(source, t.number, t.state, params, [value], step, t.device_seconds) if math.isfinite(value) else None
 
 
 def best(spec: SweepSpec, found: list[Lesson], k: int = RE_EVALUATED) -> list[dict[str, Any]]:
-    """The fitted params of the best ``k`` complete lessons (by the first objective), distinct."""
+    """The fitted params of ``k`` distinct complete lessons to run again first: those within
+    NEAR_BEST of the best value (by the first objective) cheapest first (by device seconds; an
+    unrecorded cost after the recorded ones), then the others best first."""
     sign = -1.0 if spec.goals[0].direction == "maximize" else 1.0
-    complete = sorted(
-        (lesson for lesson in found if lesson.state == OptunaState.COMPLETE),
-        key=lambda lesson: (sign * lesson.values[0], lesson.source, lesson.number),
-    )
+    complete = [lesson for lesson in found if lesson.state == OptunaState.COMPLETE]
+    if not complete:
+        return []
+    top = min(sign * lesson.values[0] for lesson in complete)  # the best, as a value to minimise
+    near = top + NEAR_BEST * abs(top)
+
+    def order(lesson: Lesson) -> tuple[bool, float, float, int, int]:
+        value = sign * lesson.values[0]
+        cost = lesson.device_seconds if value <= near and lesson.device_seconds is not None else math.inf
+        return (value > near, cost, value, lesson.source, lesson.number)
+
     out: list[dict[str, Any]] = []
-    for lesson in complete:
+    for lesson in sorted(complete, key=order):
         if lesson.params not in out:
             out.append(lesson.params)
         if len(out) == k:
             break
     return out
+
+
+def unmeasured(found: list[Lesson], points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``points`` (the trials a sweep enqueues itself) less those an earlier trial measured at
+    the same fitted params: that trial is an observation already, and runs again first when it
+    is among the best."""
+    measured = [lesson.params for lesson in found]
+    return [point for point in points if point not in measured]
 
 
 def seed(spec: SweepSpec, study: optuna.Study, found: list[Lesson]) -> None:

@@ -34,6 +34,7 @@ class Finished:
     params: dict[str, Any]  # the new space's paths the run had, typed by that space
     values: list[float] | None  # complete: every objective's last value
     intermediate: dict[int, float]  # the first objective by epoch (pruned trials)
+    device_seconds: float | None = None  # what it cost; a trial run does not log it (None)
 
 
 def trials(spec: SweepSpec, index: int, experiment: str) -> list[Finished]:

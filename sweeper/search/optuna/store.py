@@ -140,7 +140,8 @@ class LedgerStore:
         (the study holds those observations already)."""
         prepared = make()
         if learned is not None:  # the same first trials: the slots' params do not depend on who prepared
-            enqueue = [*learned.get("re_evaluated", []), *prepared.enqueue]
+            measured = learned.get("measured_already", [])
+            enqueue = [*learned.get("re_evaluated", []), *(p for p in prepared.enqueue if p not in measured)]
             prepared = prepared.model_copy(update={"warm_start": learned, "enqueue": enqueue})
         elif spec.search.warm_start:
             prepared = self._learn(prepared.apply(spec), prepared)
@@ -149,14 +150,19 @@ class LedgerStore:
 
     def _learn(self, spec: SweepSpec, prepared: Prepared) -> Prepared:
         """The earlier sweeps' finished trials, fitted to ``spec``'s space (the LR finder's
-        narrowed range included), added as observations; the best few enqueued first."""
+        narrowed range included), added as observations; a few of the best enqueued first, then
+        the sweep's own first trials (its base point, LR suggestions) that no earlier one measured."""
         from sweeper.search.optuna import earlier
 
         found, learned = earlier.lessons(spec)
         earlier.seed(spec, self.study, found)
         first = earlier.best(spec, found)
+        own = earlier.unmeasured(found, prepared.enqueue)
+        measured = [point for point in prepared.enqueue if point not in own]
         learned.update(observations=len(found), re_evaluated=first)
-        return prepared.model_copy(update={"enqueue": [*first, *prepared.enqueue], "warm_start": learned})
+        if measured:
+            learned.update(measured_already=measured)
+        return prepared.model_copy(update={"enqueue": [*first, *own], "warm_start": learned})
 
     def _new_space(self, sweep: Sweep, mine: dict[str, Any]) -> None:
         """Record ``mine``'s search.space as the sweep's next space version (once), after checking
