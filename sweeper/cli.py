@@ -92,15 +92,35 @@ def worker(
         help="a storage URL holding the sweep, e.g. postgresql+psycopg://user@host/db: its spec is read from there",
     ),
     name: str | None = typer.Option(None, "--name", help="with --study: which sweep, if it holds several"),
-    out: Path | None = typer.Option(None, "--out", help="folder for checkpoints [default: runs/<name>]"),
+    out: Path | None = typer.Option(
+        None, "--out", help="folder for checkpoints [default: runs/<name>; with --queue: runs/<each sweep's name>]"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no live display"),
+    queue: str | None = typer.Option(
+        None, "--queue", help="serve every runnable sweep of the queue in this database (`sweeper submit --queue`)"
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="with --queue: the device offered, cpu or cuda [default: this machine's]"
+    ),
+    memory_gb: float | None = typer.Option(
+        None, "--memory-gb", help="with --queue: the device memory offered, GB [default: this machine's]"
+    ),
+    drain: bool = typer.Option(
+        False, "--drain", help="with --queue: exit once no sweep it can serve is open (else: serve until interrupted)"
+    ),
 ) -> None:
     """Join a sweep (search.backend optuna) and train its trials until its budget is spent; any
-    number of workers on any machines share one study (search.storage)."""
+    number of workers on any machines share one study (search.storage). With --queue: serve the
+    queue's sweeps by priority and fair share until interrupted."""
     from sweeper.search import runner
     from sweeper.spec import load, validate
     from sweeper.track.progress import QuietObserver, RichObserver
 
+    if queue is not None:
+        if spec is not None or study is not None:
+            raise UserError("--queue serves every sweep of the queue: give no spec and no --study")
+        _serve_queue(queue, out or Path("runs"), device, memory_gb, drain)
+        return
     if (spec is None) == (study is None):
         raise UserError("give a spec, or --study URL (the sweep's spec is then read from that storage)")
     if study is not None:
@@ -120,6 +140,20 @@ def worker(
     report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role="worker")
     counts = ", ".join(f"{n} {state}" for state, n in report["counts"].items()) or "none"
     typer.echo(f"worker done: sweep '{sweep.name}' has no trial left to claim (trials: {counts})")
+
+
+def _serve_queue(url: str, out_root: Path, device: str | None, memory_gb: float | None, drain: bool) -> None:
+    from sweeper.search.queue.table import Offer
+    from sweeper.search.queue.worker import QueueWorker, detect_offer
+
+    found = detect_offer()
+    if device not in (None, "cpu", "cuda"):
+        raise UserError(f"--device {device}: expected cpu or cuda")
+    offer = Offer(device or found.device, found.memory_gb if memory_gb is None else memory_gb)
+    worker = QueueWorker(url, out_root, offer, typer.echo, drain)
+    typer.echo(f"worker {worker.me} serving the queue; offers {offer.device} with {offer.memory_gb:.0f} GB")
+    finished = worker.run()
+    typer.echo(f"worker done: no open sweep it can serve ({worker.served} served, {finished} finished here)")
 
 
 FOLDER = typer.Argument(None, help="the sweep's output folder (of `sweeper run`); or give --study", show_default=False)
@@ -180,15 +214,44 @@ def dashboard(
 def submit(
     spec: Path = SPEC,
     overrides: list[str] | None = OVERRIDES,
-    address: str = typer.Option(..., "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
+    address: str | None = typer.Option(None, "--address", help="Ray dashboard URL, e.g. http://HEAD:8265"),
+    queue: str | None = typer.Option(
+        None, "--queue", help="queue the sweep in this database, e.g. postgresql+psycopg://user@host/db"
+    ),
+    priority: int = typer.Option(0, "--priority", help="with --queue: higher runs first"),
+    owner: str | None = typer.Option(
+        None, "--owner", help="with --queue: whose sweep [default: $SWEEPER_OWNER or your login]"
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="with --queue: the device a worker must offer, any|cpu|cuda [default: from train.device]"
+    ),
+    min_memory_gb: float = typer.Option(
+        0.0, "--min-memory-gb", help="with --queue: device memory a worker must offer, GB"
+    ),
     out: str | None = typer.Option(
-        None, "--out", help="output folder on the head node [default: /tmp/sweeper/runs/<name>]"
+        None, "--out", help="with --address: output folder on the head node [default: /tmp/sweeper/runs/<name>]"
     ),
     python: str = typer.Option(sys.executable, "--python", help="the head node's Python with sweeper installed"),
 ) -> None:
-    """Submit the sweep (search.backend: ray) as a Ray job; print how to follow it."""
+    """Queue the sweep for a pool of workers (--queue; `sweeper worker --queue` serves it), or
+    submit it (search.backend: ray) as a Ray job (--address)."""
+    if (address is None) == (queue is None):
+        raise UserError("give --queue URL (a queue of sweeps) or --address URL (a Ray cluster)")
+    if queue is not None:
+        from sweeper.search.optuna.study import safe_url
+        from sweeper.search.queue.submit import default_owner
+        from sweeper.search.queue.submit import submit as queue_sweep
+
+        entry = queue_sweep(spec, overrides or [], queue, owner or default_owner(), priority, device, min_memory_gb)
+        typer.echo(
+            f"queued sweep '{entry.name}' (owner {entry.owner}, priority {entry.priority}, device {entry.device})\n"
+            f"list:    sweeper queue {safe_url(queue)}\n"
+            f"workers: sweeper worker --queue {safe_url(queue)}"
+        )
+        return
     from sweeper.search.ray.submit import submit as submit_job
 
+    assert address is not None
     job = submit_job(spec, overrides or [], address, out, python)
     typer.echo(
         f"submitted Ray job {job.job_id}; output on the head node: {job.out}\n"
@@ -196,6 +259,78 @@ def submit(
         f"status:  ray job status --address {address} {job.job_id}\n"
         f"stop:    ray job stop --address {address} {job.job_id}"
     )
+
+
+QUEUE_URL = typer.Argument(..., help="the queue's database URL (of `sweeper submit --queue`)", show_default=False)
+QUEUED = typer.Argument(..., help="the queued sweep's name", show_default=False)
+
+
+@app.command("queue")
+@user_errors
+def queue_cmd(
+    url: str = QUEUE_URL, as_json: bool = typer.Option(False, "--json", help="print the queue as JSON")
+) -> None:
+    """List the queue's sweeps: owner, priority, state, trials done, workers, device time."""
+    from rich.table import Table
+
+    from sweeper.search.queue.submit import listing
+
+    rows = listing(url)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(
+        "sweep", "owner", "priority", "state", "trials", "workers", "device-h used", "budget", "device",
+        box=None, padding=(0, 2),
+    )  # fmt: skip
+    for r in rows:
+        budget = "-" if r["device_hours_budget"] is None else f"{r['device_hours_budget']:.3g} h"
+        trials = f"{r['trials_done']}/{r['n_trials'] or '-'}"
+        table.add_row(
+            r["name"], r["owner"], str(r["priority"]), r["state"], trials, str(r["workers"]),
+            f"{r['device_hours_used']:.3g}", budget, r["device"],
+        )  # fmt: skip
+    Console(highlight=False, soft_wrap=True).print(table if rows else "the queue is empty")
+
+
+@app.command()
+@user_errors
+def cancel(url: str = QUEUE_URL, name: str = QUEUED) -> None:
+    """Cancel a queued sweep: no new trial is claimed; its running trials finish."""
+    from sweeper.search.queue.submit import cancel as cancel_sweep
+
+    was = cancel_sweep(url, name)
+    typer.echo(f"cancelled sweep '{name}' (it was {was}): running trials finish, no new trial starts")
+
+
+@app.command()
+@user_errors
+def priority(
+    url: str = QUEUE_URL, name: str = QUEUED, value: int = typer.Argument(..., help="higher runs first")
+) -> None:
+    """Change a queued sweep's priority (workers follow it at their next claim)."""
+    from sweeper.search.queue.submit import set_priority
+
+    set_priority(url, name, value)
+    typer.echo(f"sweep '{name}' now has priority {value}")
+
+
+@app.command()
+@user_errors
+def share(
+    url: str = QUEUE_URL,
+    owner: str = typer.Argument(..., help="the owner (as `sweeper submit --owner` names them)", show_default=False),
+    weight: float | None = typer.Option(
+        None, "--weight", help="fair share: device time in proportion to it (default 1)"
+    ),
+    max_devices: int | None = typer.Option(None, "--max-devices", help="quota: devices in use at once (-1: none)"),
+) -> None:
+    """Set an owner's fair-share weight and quota of devices."""
+    from sweeper.search.queue.submit import share as set_share
+
+    got = set_share(url, owner, weight, max_devices)
+    quota = "no quota" if got["max_devices"] is None else f"at most {got['max_devices']} device(s) at once"
+    typer.echo(f"owner '{owner}': weight {got['weight']:g}, {quota}")
 
 
 @app.command()

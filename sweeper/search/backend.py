@@ -11,6 +11,7 @@ that search/checkpoints.py keeps, and returns every trial of the sweep as a Tria
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,12 +45,16 @@ class SearchContext:
     sweep: SweepInfo
     observer: Observer
     store: SweepStore  # the one the backend's store() returned
-    role: str = "run"  # run: serve the sweep until every trial has finished; worker: until none waits
+    # run: serve the sweep until every trial has finished; worker: until none waits; finish: as run,
+    # for a queue's worker that summarises a sweep whose trials have all ended (its budget unchanged)
+    role: str = "run"
     # params of the sweep's first trials (the LR-finder warm start)
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     # this process's data set and compiled forwards (the LR warm start's data set, for trials it trains)
     cache: ProcessCache | None = None
     prestarted: Prestarted | None = None  # worker processes started early, for a pool to take
+    # a queue's worker (search/queue): asked before each claim; True: leave for another sweep
+    elsewhere: Callable[[bool], bool] | None = None
 
 
 @dataclass(frozen=True)

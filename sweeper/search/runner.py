@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +99,18 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
         yield
 
 
-def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "run") -> dict[str, Any]:
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: Path,
+    observer: Observer,
+    role: str = "run",
+    elsewhere: Callable[[bool], bool] | None = None,
+) -> dict[str, Any]:
     """Serve the sweep from ``out_dir`` as ``role``: "run" (until every trial has finished;
-    then summarise and export; returns the summary, also written there) or "worker" (until no
-    trial is left to claim; returns a small report of what it trained)."""
+    then summarise and export; returns the summary, also written there), "finish" (the same for a
+    queued sweep whose trials have all ended: its budget as the ledger holds it) or "worker" (until
+    no trial is left to claim, or ``elsewhere()`` says to serve another sweep; returns a small
+    report of what it trained)."""
     import torch
 
     cache = ProcessCache()  # this process's data set (sizing, warm start, inline trials, export) and compiled forwards
@@ -128,11 +136,11 @@ def run_sweep(spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "r
         for warning in strategy.notes(spec) + dry_build(spec).warnings:  # notes: settings without effect
             print(f"warning: {warning}", file=sys.stderr)
         out_dir.mkdir(parents=True, exist_ok=True)
-        with folder_lock(out_dir) if role == "run" else contextlib.nullcontext():
+        with folder_lock(out_dir) if role != "worker" else contextlib.nullcontext():
             store = searcher.store(spec, out_dir)
             try:
                 changes = sized.changes if sized is not None else None
-                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes)
+                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, elsewhere)
             finally:
                 store.close()
     finally:
@@ -198,17 +206,18 @@ def _serve(
     cache: ProcessCache,
     prestarted: pool.Prestarted,
     sized: list[str] | None = None,
+    elsewhere: Callable[[bool], bool] | None = None,
 ) -> dict[str, Any]:
     """Serve the resolved sweep; ``sized``: the changes sizing made to a derived space (None: not
     sized), for summary.json."""
-    if role == "run":
+    if role != "worker":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
     _send_journals(tracker, out_dir, "start")
     observer.started(spec, out_dir)
     prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer, cache))
     parent = prepared.parent_run_id
-    if not prepared.fresh and role == "run":
+    if not prepared.fresh and role != "worker":
         tracker.resume_run(parent)
     spec = prepared.apply(spec)  # the LR finder may have narrowed the space
     interim = InterimReview(observer, spec, tracker, parent) if role == "run" and parent else None
@@ -222,12 +231,13 @@ def _serve(
         enqueue=prepared.enqueue,
         cache=cache,
         prestarted=prestarted,
+        elsewhere=elsewhere,
     )
     started = time.perf_counter()
     try:
         result = searcher.run(spec, ctx)
     except BaseException as exc:  # the sweep's run says it stopped; a re-run resumes it
-        if role == "run":
+        if role != "worker":
             with contextlib.suppress(Exception):  # the original error is what the user must see
                 tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise

@@ -68,17 +68,24 @@ class Coordinator:
         self.breaker = Breaker(spec, study, ledger, self.budget, ctx)
         self.live = LiveTrials(spec, study, heartbeat, ctx, self.batches, self.recovery, self.breaker, fuse)
         self.pending: list[list[TrialConfig]] = []  # claimed tasks waiting for a free worker
+        # elsewhere(waiting): asked before each claim (False) and while nothing can be claimed until
+        # other processes' trials end (True); True: this process serves another sweep now (a
+        # queue's worker), once the trials it holds have finished
+        self.elsewhere = ctx.elsewhere or (lambda waiting: False)
 
     def run(self, executor: Executor) -> None:
         """Serve the sweep until its budget is spent (a worker), and every trial has finished
-        (``sweeper run``), or until ``sweeper stop``. The heartbeat runs meanwhile."""
+        (``sweeper run``), or until ``sweeper stop``, or until ``elsewhere()`` (a queue's worker)
+        once the trials this process holds have finished. The heartbeat runs meanwhile."""
         while True:
             self.recovery.recover(self.live.ids())
             sweep = self._read()
             if executor.slots and self.pending:  # claimed already: they run even after a stop request
                 executor.submit(self.pending.pop(0))
                 continue
-            if executor.slots and not sweep.stop:
+            # a queue's worker (search/queue) leaves for another sweep instead of claiming here
+            leaving = bool(executor.slots) and not sweep.stop and self.elsewhere(False)
+            if executor.slots and not sweep.stop and not leaving:
                 proposal = self.proposer.next(sweep)
                 if proposal.found is Found.TRIALS:
                     tasks = self.live.start(proposal.trials)
@@ -91,11 +98,17 @@ class Coordinator:
                     self.live.finish(outcome)
                     self.ledger.spend(outcome.info.get("device_seconds", 0.0))
                 continue
+            if leaving:
+                return
             if self.budget.over(sweep):
                 if self.breaker.stopped is not None:
                     raise self.breaker.stopped
                 if sweep.device_budget_spent():
                     self.observer.note(budget_spent(sweep, self.device_unit))
+                return
+            # a queue's worker: another sweep has a trial to claim while this one's batch runs
+            # elsewhere (not while another process holds the lock for a moment: it proposes)
+            if sweep.proposing is None and self.elsewhere(True):
                 return
             time.sleep(POLL_S)  # the trials of this batch run elsewhere: the next batch waits for them
 

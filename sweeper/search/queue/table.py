@@ -1,0 +1,266 @@
+"""The queue's rows, in the database that holds its sweeps' studies and ledgers (PostgreSQL for a
+pool of machines; sqlite for one):
+
+- ``sweeper_queue``: one row per submitted sweep: its spec (checked at submission), owner,
+  priority, the device it requires, and its state: queued -> running -> finishing -> finished
+  (or failed), or cancelled. Every change of state is one atomic compare-and-set UPDATE, so of
+  many workers exactly one starts finishing a sweep (summary, export, registry).
+- ``sweeper_owners``: an owner's fair-share weight and quota of concurrent devices (none: no row).
+- ``sweeper_queue_workers``: one row per `sweeper worker --queue` process: what it offers, which
+  sweep it serves, renewed by a heartbeat; the quota counts the live ones.
+
+A sweep's own coordination (batches, budget, leases, spent device-seconds) stays in its ledger
+(search/optuna/ledger.py), keyed by the sweep's name, which is its study's name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from sweeper.errors import UserError
+from sweeper.search.optuna.engine import racing
+from sweeper.search.optuna.ledger import SPENT, engine_for
+from sweeper.search.optuna.study import safe_url
+
+_RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process created the table first
+
+STATES = ("queued", "running", "finishing", "finished", "failed", "cancelled")
+OPEN = ("queued", "running")  # states whose sweeps take new trials
+DEVICES = ("any", "cpu", "cuda")  # what a sweep may require of a worker's device
+
+METADATA = sa.MetaData()
+QUEUE = sa.Table(
+    "sweeper_queue",
+    METADATA,
+    sa.Column("name", sa.String(512), primary_key=True),  # the sweep's name: its study's name
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False),  # higher first
+    sa.Column("state", sa.String(16), nullable=False),  # one of STATES
+    sa.Column("spec", sa.Text, nullable=False),  # JSON: the spec as submitted (search.storage: the queue's)
+    sa.Column("device", sa.String(8), nullable=False),  # one of DEVICES
+    sa.Column("min_memory_gb", sa.Float, nullable=False),  # of the device (GPU memory; RAM on the CPU)
+    sa.Column("submitted_at", sa.Float, nullable=False),  # unix time
+    sa.Column("started_at", sa.Float),  # its first trial claimed
+    sa.Column("ended_at", sa.Float),  # finished, failed or cancelled
+    sa.Column("finisher", sa.String(128)),  # the worker summarising and exporting it
+    sa.Column("note", sa.Text),  # the summary's path, or why it failed
+)
+OWNERS = sa.Table(
+    "sweeper_owners",
+    METADATA,
+    sa.Column("owner", sa.String(128), primary_key=True),
+    sa.Column("weight", sa.Float, nullable=False),  # fair share: device time in proportion to it
+    sa.Column("max_devices", sa.Integer),  # quota of devices in use at once (None: no quota)
+)
+WORKERS = sa.Table(
+    "sweeper_queue_workers",
+    METADATA,
+    sa.Column("worker", sa.String(128), primary_key=True),  # host:pid:tag
+    sa.Column("device", sa.String(8), nullable=False),  # cpu | cuda
+    sa.Column("memory_gb", sa.Float, nullable=False),
+    sa.Column("serving", sa.String(512)),  # the sweep it trains for now (None: between sweeps)
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),  # its last heartbeat (unix time)
+    sa.Column("left_at", sa.Float),  # it exited cleanly
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A sweep of the queue, as its row holds it."""
+
+    name: str
+    owner: str
+    priority: int
+    state: str
+    spec: dict[str, Any]
+    device: str
+    min_memory_gb: float
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    finisher: str | None
+    note: str | None
+
+    @classmethod
+    def of(cls, row: Any) -> Entry:
+        values = dict(row)
+        values["spec"] = json.loads(values["spec"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a worker offers: its device's kind and memory (GB)."""
+
+    device: str
+    memory_gb: float
+
+    def fits(self, entry: Entry) -> bool:
+        return entry.device in ("any", self.device) and self.memory_gb >= entry.min_memory_gb
+
+
+class Queue:
+    """The queue in the database at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.engine = engine_for(url)
+            racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
+        except sa.exc.SQLAlchemyError as exc:
+            raise UserError(f"--queue {safe_url(url)}: cannot open it: {str(exc).splitlines()[0]}") from None
+        except Exception as exc:  # not a database URL; a driver missing
+            raise UserError(f"--queue {safe_url(url)}: {type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- sweeps -------------------------------------------------------------------------------
+
+    def add(
+        self, name: str, owner: str, priority: int, spec: dict[str, Any], device: str, min_memory_gb: float
+    ) -> None:
+        try:
+            with self.engine.begin() as db:
+                db.execute(
+                    QUEUE.insert().values(
+                        name=name,
+                        owner=owner,
+                        priority=priority,
+                        state="queued",
+                        spec=json.dumps(spec),
+                        device=device,
+                        min_memory_gb=min_memory_gb,
+                        submitted_at=time.time(),
+                    )
+                )
+        except IntegrityError:
+            raise UserError(
+                f"{safe_url(self.url)}: the queue holds a sweep named '{name}' already "
+                f"(`sweeper queue {safe_url(self.url)}` lists them); give this one another name: name=..."
+            ) from None
+
+    def entries(self) -> list[Entry]:
+        """Every sweep of the queue, in the order submitted."""
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(QUEUE).order_by(QUEUE.c.submitted_at, QUEUE.c.name)).mappings().all()
+        return [Entry.of(r) for r in rows]
+
+    def entry(self, name: str) -> Entry:
+        with self.engine.connect() as db:
+            row = db.execute(sa.select(QUEUE).where(QUEUE.c.name == name)).mappings().first()
+        if row is None:
+            names = [e.name for e in self.entries()]
+            raise UserError(
+                f"{safe_url(self.url)}: the queue holds no sweep '{name}'; it holds: {', '.join(names) or 'none'}"
+            )
+        return Entry.of(row)
+
+    def move(self, name: str, from_states: tuple[str, ...], **values: Any) -> bool:
+        """One atomic UPDATE of the sweep's row while it is in one of ``from_states``; True if it applied."""
+        with self.engine.begin() as db:
+            done = db.execute(
+                QUEUE.update().where(QUEUE.c.name == name, QUEUE.c.state.in_(from_states)).values(**values)
+            )
+        return done.rowcount == 1
+
+    def set_priority(self, name: str, priority: int) -> None:
+        self.entry(name)  # a UserError naming the sweeps when there is no such sweep
+        with self.engine.begin() as db:
+            db.execute(QUEUE.update().where(QUEUE.c.name == name).values(priority=priority))
+
+    # --- owners -------------------------------------------------------------------------------
+
+    def set_owner(self, owner: str, weight: float | None, max_devices: int | None) -> None:
+        """Set an owner's fair-share weight and/or quota (max_devices < 0: no quota)."""
+        with self.engine.begin() as db:
+            row = db.execute(sa.select(OWNERS).where(OWNERS.c.owner == owner)).mappings().first()
+            values = dict(row) if row is not None else {"owner": owner, "weight": 1.0, "max_devices": None}
+            if weight is not None:
+                values["weight"] = weight
+            if max_devices is not None:
+                values["max_devices"] = None if max_devices < 0 else max_devices
+            if row is None:
+                db.execute(OWNERS.insert().values(**values))
+            else:
+                db.execute(OWNERS.update().where(OWNERS.c.owner == owner).values(**values))
+
+    def owners(self) -> dict[str, dict[str, Any]]:
+        """owner -> {weight, max_devices}, for the owners given either."""
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(OWNERS)).mappings().all()
+        return {r["owner"]: {"weight": r["weight"], "max_devices": r["max_devices"]} for r in rows}
+
+    def spent(self) -> dict[str, float]:
+        """Device-seconds each sweep's finished trials used (its ledger's sweeper_spent row)."""
+        with self.engine.connect() as db:
+            if not sa.inspect(db).has_table(SPENT.name):
+                return {}
+            return {r.study: float(r.device_seconds) for r in db.execute(sa.select(SPENT))}
+
+    # --- workers ------------------------------------------------------------------------------
+
+    def join(self, worker: str, offer: Offer) -> None:
+        now = time.time()
+        with self.engine.begin() as db:
+            db.execute(
+                WORKERS.insert().values(
+                    worker=worker, device=offer.device, memory_gb=offer.memory_gb, started_at=now, seen_at=now
+                )
+            )
+
+    def serve(self, worker: str, name: str | None) -> None:
+        """Say which sweep ``worker`` trains for now (None: none)."""
+        with self.engine.begin() as db:
+            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(serving=name, seen_at=time.time()))
+
+    def take_seat(self, worker: str, entry: Entry, live_within_s: float) -> bool:
+        """Say that ``worker`` serves ``entry`` now, unless its owner's quota of devices is used
+        up by other live workers: one transaction holding the owner's row (PostgreSQL: FOR UPDATE),
+        so two workers cannot both take an owner's last device."""
+        since = time.time() - live_within_s
+        with self.engine.begin() as db:
+            quota = db.execute(
+                sa.select(OWNERS.c.max_devices).where(OWNERS.c.owner == entry.owner).with_for_update()
+            ).scalar()
+            if quota is not None:
+                in_use = db.execute(
+                    sa.select(sa.func.count())
+                    .select_from(WORKERS.join(QUEUE, WORKERS.c.serving == QUEUE.c.name))
+                    .where(
+                        QUEUE.c.owner == entry.owner,
+                        WORKERS.c.worker != worker,
+                        WORKERS.c.left_at.is_(None),
+                        WORKERS.c.seen_at >= since,
+                    )
+                ).scalar()
+                if in_use >= quota:
+                    return False
+            db.execute(
+                WORKERS.update().where(WORKERS.c.worker == worker).values(serving=entry.name, seen_at=time.time())
+            )
+        return True
+
+    def heartbeat(self, worker: str) -> None:
+        with self.engine.begin() as db:
+            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(seen_at=time.time()))
+
+    def leave(self, worker: str) -> None:
+        with self.engine.begin() as db:
+            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(serving=None, left_at=time.time()))
+
+    def workers(self, live_within_s: float) -> list[dict[str, Any]]:
+        """The workers that renewed their heartbeat within ``live_within_s`` and have not left."""
+        since = time.time() - live_within_s
+        with self.engine.connect() as db:
+            rows = db.execute(
+                sa.select(WORKERS).where(WORKERS.c.left_at.is_(None), WORKERS.c.seen_at >= since)
+            ).mappings()
+            return [dict(r) for r in rows]

@@ -1,0 +1,226 @@
+"""`sweeper worker --queue URL`: one process serving trials from every runnable sweep of a queue.
+
+The worker asks the policy (policy.py) which sweep to serve and joins it as `sweeper worker
+--study` would (search/runner.py, role "worker": the sweep's own batches, budget and leases).
+Before each claim, and while that sweep has nothing to claim, it asks again: it leaves for a sweep
+of higher priority or of an owner behind on fair share (the trial it holds finishes first), and for
+any other runnable sweep rather than wait. A sweep it leaves with nothing to claim rests a moment
+(REST_S) for this worker.
+
+Finishing: when a worker leaves a sweep whose budget is spent and whose every trial has ended, it
+moves the sweep from running to finishing in one compare-and-set UPDATE; the one that succeeds
+summarises and exports it (`sweeper run`'s end: runner role "finish") and marks it finished. An
+idle worker looks for such sweeps too (whose last workers were killed), and takes over the
+finishing of a worker that stopped renewing its heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sweeper.errors import SweepStopped, UserError
+from sweeper.search.optuna.ledger import Ledger, studies, this_member
+from sweeper.search.optuna.study import safe_url
+from sweeper.search.queue.policy import Pool, choose
+from sweeper.search.queue.table import OPEN, Entry, Offer, Queue
+from sweeper.spec import SweepSpec
+
+HEARTBEAT_S = 5.0  # how often a worker renews its row
+LIVE_S = 30.0  # a worker not seen for this long is gone: its devices leave its owner's quota
+POLL_S = 1.0  # how often an idle worker looks at the queue again
+REST_S = 5.0  # a sweep left with nothing to claim is not entered again by this worker for this long
+
+
+def detect_offer() -> Offer:
+    """This machine's device: the first CUDA device and its memory, else the CPU and the RAM (GB)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return Offer("cuda", torch.cuda.get_device_properties(0).total_memory / 2**30)
+    return Offer("cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+
+
+class QueueWorker:
+    def __init__(self, url: str, out_root: Path, offer: Offer, say: Callable[[str], None], drain: bool) -> None:
+        self.url, self.out_root, self.offer, self.say, self.drain = url, out_root, offer, say, drain
+        self.queue = Queue(url)
+        self.me = this_member()
+        self.resting: dict[str, float] = {}  # sweep -> until when (unix time) this worker does not enter it
+        self.served = 0  # sweeps entered
+        self._stop = threading.Event()
+
+    def run(self) -> int:
+        """Serve the queue until interrupted (or, with ``drain``, until no sweep it can serve is
+        open, nor one finishing); the number of sweeps this worker finished."""
+        self.queue.join(self.me, self.offer)
+        beat = threading.Thread(target=self._beat, name="sweeper-queue-heartbeat", daemon=True)
+        beat.start()
+        finished = 0
+        try:
+            while True:
+                entry = self._next()
+                if entry is not None:
+                    finished += self._serve(entry)
+                    continue
+                done = self._finish_orphans()
+                finished += done
+                if done:
+                    continue
+                if self.drain and not any(
+                    e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
+                ):
+                    return finished
+                time.sleep(POLL_S)
+        finally:
+            self._stop.set()
+            beat.join(timeout=HEARTBEAT_S)
+            self.queue.leave(self.me)
+            self.queue.close()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.queue.heartbeat(self.me)
+            except Exception as exc:  # the database away a moment: the next beat tries again
+                print(f"warning: queue heartbeat failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def _pool(self) -> Pool:
+        workers = self.queue.workers(LIVE_S)
+        serving = {w["worker"]: w["serving"] for w in workers}
+        return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving)
+
+    def _next(self, also_resting: str | None = None) -> Entry | None:
+        now = time.time()
+        resting = {n for n, until in self.resting.items() if until > now}
+        if also_resting is not None:
+            resting.add(also_resting)
+        return choose(self._pool(), self.offer, self.me, resting)
+
+    def _serve(self, entry: Entry) -> int:
+        """Serve ``entry`` until it has nothing to claim or another sweep comes first; 1 if this
+        worker then finished it."""
+        from sweeper.search import runner
+        from sweeper.track.progress import QuietObserver
+
+        try:
+            spec = self._spec(entry)
+        except UserError as exc:
+            self._fail(entry, str(exc))
+            return 0
+        if not self.queue.take_seat(self.me, entry, LIVE_S):  # another worker took its owner's last device
+            self.resting[entry.name] = time.time() + POLL_S
+            return 0
+        self.queue.move(entry.name, ("queued",), state="running", started_at=time.time())
+        self.say(f"serving sweep '{entry.name}' (owner {entry.owner}, priority {entry.priority})")
+        self.served += 1
+        left: dict[str, str | None] = {
+            "for": None
+        }  # why run_sweep returned early: "other" (a sweep before it) or "wait"
+
+        def elsewhere(waiting: bool) -> bool:
+            if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
+                if self._next(also_resting=entry.name) is not None:
+                    left["for"] = "wait"
+                    return True
+                return False
+            pick = self._next()
+            if pick is None or pick.name == entry.name:
+                return False
+            if pick.priority > entry.priority or pick.owner != entry.owner:
+                left["for"] = "other"
+                return True
+            return False  # another sweep of the same owner and priority: this one goes on (no switch)
+
+        try:
+            runner.run_sweep(spec, self._out(entry), QuietObserver(), role="worker", elsewhere=elsewhere)
+        except (UserError, SweepStopped) as exc:
+            self._fail(entry, str(exc))
+            return 0
+        finally:
+            self.queue.serve(self.me, None)
+        if left["for"] != "other":  # nothing to claim there now
+            self.resting[entry.name] = time.time() + REST_S
+        return int(left["for"] is None and self._finish(entry, spec))
+
+    def _spec(self, entry: Entry) -> SweepSpec:
+        from sweeper.spec import validate
+
+        return validate(entry.spec, f"queued sweep '{entry.name}'")
+
+    def _out(self, entry: Entry) -> Path:
+        return self.out_root / entry.name
+
+    def _fail(self, entry: Entry, why: str) -> None:
+        if self.queue.move(entry.name, (*OPEN, "finishing"), state="failed", ended_at=time.time(), note=why):
+            self.say(f"sweep '{entry.name}' failed: {why}")
+
+    def _finish(self, entry: Entry, spec: SweepSpec) -> bool:
+        """Summarise and export the sweep if its trials have all ended and no other worker does."""
+        if not ended(self.url, spec):
+            return False
+        if not self.queue.move(entry.name, OPEN, state="finishing", finisher=self.me):
+            return False
+        return self._summarise(entry, spec)
+
+    def _summarise(self, entry: Entry, spec: SweepSpec) -> bool:
+        from sweeper.search import runner
+        from sweeper.track.progress import QuietObserver
+
+        self.say(f"finishing sweep '{entry.name}': summary and export")
+        try:
+            summary = runner.run_sweep(spec, self._out(entry), QuietObserver(), role="finish")
+        except (UserError, SweepStopped) as exc:
+            self._fail(entry, str(exc))
+            return False
+        note = str((self._out(entry) / "summary.json").resolve())
+        self.queue.move(entry.name, ("finishing",), state="finished", ended_at=time.time(), note=note)
+        best = summary.get("best") or {}
+        self.say(f"finished sweep '{entry.name}': best {best.get('value')} (trial {best.get('number')}); {note}")
+        return True
+
+    def _finish_orphans(self) -> int:
+        """Idle: finish the sweeps whose trials all ended while no worker left them (their last
+        workers were killed), and those whose finisher stopped renewing its heartbeat."""
+        live = {w["worker"] for w in self.queue.workers(LIVE_S)}
+        known = set(studies(self.url, safe_url))
+        done = 0
+        for entry in self.queue.entries():
+            if entry.state == "running" and entry.name in known and self.resting.get(entry.name, 0) <= time.time():
+                spec = self._spec(entry)
+                self.resting[entry.name] = time.time() + REST_S
+                done += self._finish(entry, spec)
+            elif entry.state == "finishing" and entry.finisher not in live:
+                if self.queue.move(entry.name, ("finishing",), finisher=self.me) and self._summarise(
+                    entry, self._spec(entry)
+                ):
+                    done += 1
+        return done
+
+
+def ended(url: str, spec: SweepSpec) -> bool:
+    """Whether the sweep has nothing left: its budget is spent (or a stop requested) and none of
+    its trials runs or waits (`sweeper run`'s condition to summarise)."""
+    import optuna
+    from optuna.trial import TrialState as OptunaState
+
+    from sweeper.search.optuna.proposer import Budget
+
+    ledger = Ledger(url, spec.name, grace_s=spec.search.lease_s)
+    try:
+        sweep = ledger.read()
+    finally:
+        ledger.close()
+    if sweep is None:
+        return False
+    from sweeper.spec import validate
+
+    study = optuna.load_study(study_name=spec.name, storage=url)
+    if any(t.state == OptunaState.RUNNING for t in study.get_trials(deepcopy=False)):
+        return False
+    # the spec as the sweep's first process resolved it (search.sampler: auto chosen, a grid's size)
+    return Budget(validate(sweep.spec, f"sweep '{spec.name}'"), study, "run").over(sweep)

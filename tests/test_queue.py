@@ -1,0 +1,176 @@
+"""One pool, many sweeps (issue #31): `sweeper submit --queue`, `sweeper queue`, `cancel`,
+`priority`, `share` and `sweeper worker --queue` on a real PostgreSQL server (tests/pg.py), with
+real worker processes, killed with real SIGKILLs. Tests synchronise on events (the gate plugin's
+files, rows in the database), never on how fast trials run. The policy's rules are checked on
+their own first (policy.choose is a function of the queue's rows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import sweeper, wait_for, write_spec
+from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
+from test_distributed import finish, gated, start, trials
+
+from sweeper.search.queue.policy import Pool, choose
+from sweeper.search.queue.table import Entry, Offer
+
+CPU = Offer("cpu", 16.0)
+
+
+def entry(name: str, owner: str = "alice", priority: int = 0, state: str = "queued", **kw) -> Entry:
+    values = dict(spec={}, device="any", min_memory_gb=0.0, submitted_at=float(len(name)), started_at=None)
+    values.update(ended_at=None, finisher=None, note=None)
+    values.update(kw)
+    return Entry(name=name, owner=owner, priority=priority, state=state, **values)
+
+
+def test_the_policy_puts_priority_first_then_fair_share_then_the_order_submitted():
+    a, b, c = entry("a", "alice"), entry("bb", "bob"), entry("ccc", "bob", priority=1)
+    assert choose(Pool([a, b, c], {}, {}), CPU, "me").name == "ccc"  # priority first
+    # equal priorities: the owner that used less device time, whatever the order submitted
+    assert choose(Pool([a, b], {"a": 30.0, "bb": 10.0}, {}), CPU, "me").name == "bb"
+    # ... per unit of weight: alice may use twice bob's time
+    assert choose(Pool([a, b], {"a": 30.0, "bb": 20.0}, {"alice": {"weight": 2}}), CPU, "me").name == "a"
+    # equal use: the owner fewer workers serve now, then the sweep submitted first
+    assert choose(Pool([a, b], {}, {}, {"w1": "a"}), CPU, "me").name == "bb"
+    assert choose(Pool([a, b], {}, {}), CPU, "me").name == "a"
+    # only open sweeps; finished sweeps' device time no longer counts
+    done = entry("d", "bob", state="finished")
+    assert choose(Pool([a, b, done], {"a": 5.0, "d": 100.0}, {}), CPU, "me").name == "bb"
+    assert choose(Pool([done], {}, {}), CPU, "me") is None
+    assert choose(Pool([a, b], {}, {}), CPU, "me", resting={"a"}).name == "bb"
+
+
+def test_the_policy_keeps_quotas_and_device_requirements():
+    a, b = entry("a", "alice", priority=5), entry("bb", "bob")
+    owners = {"alice": {"weight": 1, "max_devices": 1}}
+    # alice's one device is in use by another worker: bob's sweep, though of lower priority
+    assert choose(Pool([a, b], {}, owners, {"w1": "a"}), CPU, "me").name == "bb"
+    # this worker's own device is not counted against the quota: it may go on serving alice
+    assert choose(Pool([a, b], {}, owners, {"me": "a"}), CPU, "me").name == "a"
+    big = entry("big", "bob", priority=9, min_memory_gb=64)
+    gpu = entry("gpu", "bob", priority=8, device="cuda")
+    assert choose(Pool([big, gpu, b], {}, {}), CPU, "me").name == "bb"
+    assert choose(Pool([big, gpu, b], {}, {}), Offer("cpu", 64.0), "me").name == "big"
+    assert choose(Pool([gpu, b], {}, {}), Offer("cuda", 80.0), "me").name == "gpu"
+
+
+def smoke(workdir: Path, name: str, **search: object) -> Path:
+    base = {"sampler": "random", "pruner": {"type": "none"}, "n_trials": 4, "batch_size": 4}
+    return write_spec(
+        workdir / f"{name}.yaml",
+        name=name,
+        tracking={"enabled": False},
+        search={**base, "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}}}
+        | search,
+    )
+
+
+def queue_rows(url: str) -> dict[str, dict]:
+    return {r["name"]: r for r in json.loads(sweeper("queue", url, "--json", check=True).stdout)}
+
+
+def test_priority_first_and_each_sweep_summarised_and_exported_once(workdir: Path, pg_url: str):
+    low = sweeper("submit", str(smoke(workdir, "low")), "--queue", pg_url, "--owner", "alice", check=True)
+    assert "queued sweep 'low' (owner alice, priority 0" in low.stdout
+    sweeper("submit", str(smoke(workdir, "high")), "--queue", pg_url, "--owner", "bob", "--priority", "5", check=True)
+    rows = queue_rows(pg_url)
+    assert [rows["low"]["state"], rows["high"]["state"], rows["high"]["priority"]] == ["queued", "queued", 5]
+    # a name taken, a spec with an error: exit 2, nothing queued
+    again = sweeper("submit", str(smoke(workdir, "low")), "--queue", pg_url)
+    assert again.returncode == 2 and "holds a sweep named 'low' already" in again.stderr
+    bad = sweeper("submit", str(smoke(workdir, "bad")), "model.plugin=nope", "--queue", pg_url)
+    assert bad.returncode == 2 and "nope" in bad.stderr and "bad" not in queue_rows(pg_url)
+
+    workers = [start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log=f"w{i}") for i in (1, 2)]
+    for i, w in enumerate(workers, 1):
+        finish(w, workdir, f"w{i}")
+    high, low_trials = trials(pg_url, "high"), trials(pg_url, "low")
+    # every trial of the high-priority sweep was claimed before any of the other's
+    assert max(t.datetime_start for t in high) <= min(t.datetime_start for t in low_trials)
+    logs = (workdir / "w1.log").read_text() + (workdir / "w2.log").read_text()
+    rows = queue_rows(pg_url)
+    for name in ("low", "high"):
+        assert logs.count(f"finishing sweep '{name}'") == 1  # one worker summarised and exported it
+        assert rows[name]["state"] == "finished" and rows[name]["trials_done"] == 4
+        summary = json.loads(Path(rows[name]["note"]).read_text())
+        assert len(summary["trials"]) == 4 and "error" not in summary["export"]["formats"][0]
+
+
+def test_two_owners_share_one_worker_fairly(workdir: Path, pg_url: str):
+    for name, owner in (("a", "alice"), ("b", "bob")):
+        spec = smoke(workdir, name, n_trials=6, batch_size=2)
+        sweeper("submit", str(spec), "--queue", pg_url, "--owner", owner, check=True)
+    finish(start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w"), workdir, "w")
+    order = sorted((t.datetime_start, name) for name in "ab" for t in trials(pg_url, name))
+    owners = [name for _, name in order]
+    # first in, first out would run all of alice's trials first; fair share alternates the owners
+    gap = max(abs(owners[:k].count("a") - owners[:k].count("b")) for k in range(1, len(owners) + 1))
+    assert gap <= 2, owners
+    assert queue_rows(pg_url)["b"]["state"] == "finished"
+
+
+def test_cancel_stops_new_claims_and_lets_the_running_trial_finish(workdir: Path, gate: Path, pg_url: str):
+    spec = gated(workdir, gate, None)
+    sweeper("submit", str(spec), "--queue", pg_url, check=True)
+    w = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w")
+    wait_for(lambda: (gate / "blocked").exists(), w, what="trial 0 at its gate")
+    assert "it was running" in sweeper("cancel", pg_url, "smoke", check=True).stdout
+    assert queue_rows(pg_url)["smoke"]["state"] == "cancelled"
+    (gate / "release").touch()
+    finish(w, workdir, "w")
+    assert [t.state.name for t in trials(pg_url)] == ["COMPLETE", "WAITING", "WAITING", "WAITING"]
+    assert queue_rows(pg_url)["smoke"]["state"] == "cancelled"  # never summarised: nobody finished it
+    again = sweeper("cancel", pg_url, "smoke")
+    assert again.returncode == 2 and "cancelled: nothing to cancel" in again.stderr
+
+
+def test_a_sweep_needing_more_memory_waits_for_a_worker_offering_it(workdir: Path, pg_url: str):
+    sweeper("submit", str(smoke(workdir, "big")), "--queue", pg_url, "--min-memory-gb", "64", check=True)
+    sweeper("submit", str(smoke(workdir, "small")), "--queue", pg_url, "--priority", "-1", check=True)
+    small = start(workdir, "worker", "--queue", pg_url, "--drain", "--memory-gb", "8", "--out", "runs", log="s")
+    finish(small, workdir, "s")  # served what it could, then left: the big sweep is not for it
+    rows = queue_rows(pg_url)
+    assert rows["small"]["state"] == "finished" and rows["big"]["state"] == "queued"
+    assert rows["big"]["trials_done"] == 0 and rows["big"]["device"] == "cpu >= 64 GB"
+    big = start(workdir, "worker", "--queue", pg_url, "--drain", "--memory-gb", "64", "--out", "runs", log="b")
+    finish(big, workdir, "b")
+    assert queue_rows(pg_url)["big"]["state"] == "finished"
+
+
+def test_an_owners_quota_of_one_device_keeps_its_trials_apart(workdir: Path, pg_url: str):
+    assert "at most 1 device(s)" in sweeper("share", pg_url, "alice", "--max-devices", "1", check=True).stdout
+    sweeper("submit", str(smoke(workdir, "q")), "--queue", pg_url, "--owner", "alice", check=True)
+    workers = [start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log=f"w{i}") for i in (1, 2)]
+    for i, w in enumerate(workers, 1):
+        finish(w, workdir, f"w{i}")
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials(pg_url, "q"))
+    assert len(spans) == 4 and all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+
+
+def test_a_killed_worker_loses_nothing(workdir: Path, gate: Path, pg_url: str):
+    spec = gated(workdir, gate, None, heartbeat_s=1, lease_s=3)
+    sweeper("submit", str(spec), "--queue", pg_url, check=True)
+    # another "machine": only its lease can tell that it stopped
+    a = start(workdir, "worker", "--queue", pg_url, "--out", "a", env={"SWEEPER_HOST": "machine-a"}, log="a")
+    wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait()
+    b = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "b", log="b")  # the gate blocks once
+    finish(b, workdir, "b")
+    states = [t.state.name for t in trials(pg_url)]
+    assert states[0] == "FAIL" and len(states) == 5 and set(states[1:]) <= {"COMPLETE", "PRUNED"}
+    assert trials(pg_url)[4].user_attrs["sweeper_retry_of"] == 0
+    summary = json.loads((workdir / "b" / "smoke" / "summary.json").read_text())
+    assert "machine-a" in summary["trials"][0]["reason"] and queue_rows(pg_url)["smoke"]["state"] == "finished"
+
+
+@pytest.mark.parametrize("args", [["queue"], ["cancel", "x"], ["priority", "x", "1"]])
+def test_a_queue_that_cannot_be_opened_exits_2(args: list[str]):
+    done = sweeper(args[0], "postgresql+psycopg://nobody@127.0.0.1:1/none", *args[1:])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
