@@ -2,7 +2,7 @@
 
 UserError is anything the user can fix (spec, override, plugin name): the CLI prints its
 message and exits 2 without a traceback. SweepStopped is a sweep that stopped itself (its
-trials all failed alike): one paragraph, exit 1, no traceback. The other two travel from the trainer up to the
+trials all failed alike): one paragraph, exit 1, no traceback. The other three travel from the trainer up to the
 backend, which owns the trial's state.
 """
 
@@ -17,6 +17,12 @@ class SweepStopped(Exception):
 
 class TrialPruned(Exception):
     """Raised by a backend's report() callable when the pruner stops the trial."""
+
+
+class TrialPreempted(Exception):
+    """Raised by a backend's report() callable when the trial's device is wanted by a sweep of
+    higher priority (a queue's worker): the trial stops after this epoch, its state saved, and is
+    continued later from it. str(self) says for which sweep."""
 
 
 class TrialFailed(Exception):

@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "ray",
     "test_gpu_check",
     "test_distributed",
+    "test_queue",
     "test_deploy_rehearsal",
     "test_example_plugin",
     "test_budgets",

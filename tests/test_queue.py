@@ -174,3 +174,39 @@ def test_a_killed_worker_loses_nothing(workdir: Path, gate: Path, pg_url: str):
 def test_a_queue_that_cannot_be_opened_exits_2(args: list[str]):
     done = sweeper(args[0], "postgresql+psycopg://nobody@127.0.0.1:1/none", *args[1:])
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_a_preempted_trial_resumes_from_its_epoch_bitwise(workdir: Path, gate: Path, pg_url: str):
+    import shutil
+
+    from conftest import TIMING
+
+    one = {"n_trials": 1, "batch_size": 1}
+    # the uninterrupted trial: one process, its gate open from the start
+    gate.mkdir()
+    (gate / "release").touch()
+    sweeper("run", str(gated(workdir, gate, None, **one)), "--out", "reference", "-q", check=True)
+    reference = json.loads((workdir / "reference" / "summary.json").read_text())["trials"][0]
+    shutil.rmtree(gate)  # the gate blocks again, once
+
+    sweeper("submit", str(gated(workdir, gate, None, **one)), "--queue", pg_url, check=True)
+    w = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w")
+    wait_for(lambda: (gate / "blocked").exists(), w, what="trial 0 at its gate (epoch 2)")
+    sweeper("submit", str(smoke(workdir, "urgent", n_trials=1, batch_size=1)), "--queue", pg_url, "--priority", "5")
+    (gate / "release").touch()  # epoch 2 ends: the worker stops the trial there for the urgent sweep
+    finish(w, workdir, "w")
+    first, retry = trials(pg_url)
+    urgent = trials(pg_url, "urgent")[0]
+    assert first.state.name == "FAIL" and retry.state.name == "COMPLETE"
+    assert first.datetime_complete <= urgent.datetime_start <= urgent.datetime_complete <= retry.datetime_start
+    assert retry.user_attrs["sweeper_retry_of"] == 0 and retry.user_attrs["sweeper_preemptions"] == 1
+    summary = json.loads((workdir / "runs" / "smoke" / "summary.json").read_text())
+    stopped, resumed = summary["trials"]
+    assert stopped["reason"].startswith("interrupted: preempted after epoch 2 for sweep 'urgent' (priority 5); retried")
+    assert len(stopped["history"]) == 2 and resumed["seed"] == reference["seed"]
+
+    def bits(history: list[dict]) -> list[dict]:
+        return [{k: v for k, v in h.items() if k not in TIMING} for h in history]
+
+    # epochs 1-2 from the saved state, epoch 3 trained after the urgent sweep: the uninterrupted trial's
+    assert bits(resumed["history"]) == bits(reference["history"]) and len(reference["history"]) == 3

@@ -127,9 +127,10 @@ class InlineExecutor:
         records: list[Future[None]] = []
 
         def decide(number: int, epoch: int, metrics: dict[str, float]) -> bool:
-            prune = self.decide(number, epoch, metrics)
-            records.append(self.recorder.submit(self.record, number, epoch, metrics))
-            return prune
+            try:  # the answer may be TrialPreempted (a queue's worker): the epoch is recorded still
+                return self.decide(number, epoch, metrics)
+            finally:
+                records.append(self.recorder.submit(self.record, number, epoch, metrics))
 
         outcomes = execute_group(task, decide, cache=self.cache)
         for written in records:

@@ -105,11 +105,13 @@ def run_sweep(
     observer: Observer,
     role: str = "run",
     elsewhere: Callable[[bool], bool] | None = None,
+    preempt: Callable[[], str | None] | None = None,
 ) -> dict[str, Any]:
     """Serve the sweep from ``out_dir`` as ``role``: "run" (until every trial has finished;
     then summarise and export; returns the summary, also written there), "finish" (the same for a
     queued sweep whose trials have all ended: its budget as the ledger holds it) or "worker" (until
-    no trial is left to claim, or ``elsewhere()`` says to serve another sweep; returns a small
+    no trial is left to claim, or ``elsewhere()`` says to serve another sweep; ``preempt()``, after
+    each epoch: a reason to stop the trial there for a sweep of higher priority; returns a small
     report of what it trained)."""
     import torch
 
@@ -140,7 +142,8 @@ def run_sweep(
             store = searcher.store(spec, out_dir)
             try:
                 changes = sized.changes if sized is not None else None
-                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, elsewhere)
+                queue = (elsewhere, preempt)
+                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, queue)
             finally:
                 store.close()
     finally:
@@ -206,10 +209,10 @@ def _serve(
     cache: ProcessCache,
     prestarted: pool.Prestarted,
     sized: list[str] | None = None,
-    elsewhere: Callable[[bool], bool] | None = None,
+    queue: tuple[Callable[[bool], bool] | None, Callable[[], str | None] | None] = (None, None),
 ) -> dict[str, Any]:
     """Serve the resolved sweep; ``sized``: the changes sizing made to a derived space (None: not
-    sized), for summary.json."""
+    sized), for summary.json; ``queue``: a queue worker's (elsewhere, preempt) callables (run_sweep)."""
     if role != "worker":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
@@ -231,7 +234,8 @@ def _serve(
         enqueue=prepared.enqueue,
         cache=cache,
         prestarted=prestarted,
-        elsewhere=elsewhere,
+        elsewhere=queue[0],
+        preempt=queue[1],
     )
     started = time.perf_counter()
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from sweeper.errors import TrialFailed, TrialPruned
+from sweeper.errors import TrialFailed, TrialPreempted, TrialPruned
 from sweeper.trial import checkpoint, footprint, fused
 from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.seeding import configure_torch
@@ -114,6 +114,12 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
             out.state = TrialState.COMPLETE
     except TrialPruned as exc:
         out.state, out.reason = TrialState.PRUNED, str(exc)
+    except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later
+        state = last.get("state")
+        if config.checkpoint and state is not None and last.get("saved") != state["epoch"]:
+            checkpoint.save(Path(config.checkpoint), {**state, **extra})
+        out.state, out.reason, out.failure = TrialState.INTERRUPTED, str(exc), FailureKind.PREEMPTED
+        out.info["resume"] = config.checkpoint if state is not None else None
     except TrialTimedOut:
         out.reason, out.error = (
             timed_out_reason(limit.seconds or 0, time.perf_counter() - started),

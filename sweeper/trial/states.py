@@ -39,4 +39,7 @@ class FailureKind(StrEnum):
     LOST_WORKER = "lost_worker"  # its worker process died (killed, crashed): retried with the same params
     LOST_CONTEXT = "lost_context"  # the CUDA context of its process is unusable: the process is replaced
     LOST_LEASE = "lost_lease"  # its process stopped renewing its lease (another machine): retried
+    # its device was wanted by a sweep of higher priority (a queue): stopped after an epoch, its
+    # state saved, retried from that state (not counted against search.max_retries)
+    PREEMPTED = "preempted"
     TIMED_OUT = "timed_out"  # it ran past train.max_trial_seconds: stopped, its device freed, not retried

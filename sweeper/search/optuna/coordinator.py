@@ -34,6 +34,7 @@ import time
 import optuna
 import torch
 
+from sweeper.errors import TrialPreempted
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease
 from sweeper.search.optuna.batches import EarlierBatches
@@ -72,6 +73,7 @@ class Coordinator:
         # other processes' trials end (True); True: this process serves another sweep now (a
         # queue's worker), once the trials it holds have finished
         self.elsewhere = ctx.elsewhere or (lambda waiting: False)
+        self.preempt = ctx.preempt if spec.search.parallel == 1 else None  # raised in this process only
 
     def run(self, executor: Executor) -> None:
         """Serve the sweep until its budget is spent (a worker), and every trial has finished
@@ -118,8 +120,14 @@ class Coordinator:
         return sweep
 
     def decide(self, number: int, epoch: int, metrics: dict[str, float]) -> bool:
-        """True if the pruner stops trial ``number`` after this epoch (a worker waits for it)."""
-        return self.live.decide(number, epoch, metrics)
+        """True if the pruner stops trial ``number`` after this epoch (a worker waits for it);
+        TrialPreempted (a queue's worker, trials trained in this process) when a sweep of higher
+        priority wants the device."""
+        prune = self.live.decide(number, epoch, metrics)
+        if not prune and self.preempt is not None and self.live.fuse == 1 and (why := self.preempt()):
+            # its epoch is reported; the trial stops here, its state saved, and is retried from it
+            raise TrialPreempted(f"preempted after epoch {epoch} {why}")
+        return prune
 
     def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
         """An epoch's metrics stored, logged and shown, after the worker has its answer."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -20,7 +21,7 @@ from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import EarlierBatches
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.recovery import Breaker, Recovery
-from sweeper.search.optuna.study import ACCUMULATE, BATCH, INFO, OPTUNA_STATES, RETRY_OF, record, records, seed
+from sweeper.search.optuna.study import ACCUMULATE, BATCH, INFO, OPTUNA_STATES, RESUME, RETRY_OF, record, records, seed
 from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
@@ -97,6 +98,8 @@ class LiveTrials:
         batch = trial.user_attrs.get(BATCH)
         shadow = self.batches.shadow(batch) if self.spec.search.reproducible and batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
+        # a preempted attempt's state, where this machine can read it (else: from the start, the same result)
+        resume = trial.user_attrs.get(RESUME)
         config = TrialConfig(
             trial.number,
             seed(self.spec, trial),
@@ -104,6 +107,7 @@ class LiveTrials:
             self.spec.with_values({**values, **resized}),
             self.threads,
             str(trial_path(self.ctx.out_dir, trial.number)),
+            resume=resume if resume is not None and Path(resume).exists() else None,
         )
         self.live[trial.number] = LiveTrial(trial, config, None, shadow)
         return config
@@ -167,9 +171,14 @@ class LiveTrials:
 
     def finish(self, outcome: Outcome) -> None:
         live = self.live[outcome.number]
-        if outcome.state == TrialState.INTERRUPTED:  # its worker process died: the trial is retried
+        if outcome.state == TrialState.INTERRUPTED:  # its worker process died, or it was preempted: retried
             self.heartbeat.release(live.trial_id)
-            self.recovery.retry_lost([(rdb.stored(self.study, live.trial_id), outcome.reason or "")])
+            stored = rdb.stored(self.study, live.trial_id)
+            if outcome.failure == FailureKind.PREEMPTED:
+                why, resume = outcome.reason or "preempted", outcome.info.get("resume")
+                self.recovery.retry_preempted(stored, why, resume, outcome.history)
+            else:
+                self.recovery.retry_lost([(stored, outcome.reason or "")])
             self.live.pop(outcome.number)
             return
         metric = self.spec.objective.metric

@@ -28,6 +28,8 @@ from sweeper.search.optuna.study import (
     INFO,
     INTERRUPTED,
     OWNER,
+    PREEMPTIONS,
+    RESUME,
     RETRY_OF,
     SLOT,
     earlier,
@@ -96,12 +98,14 @@ class Recovery:
         else:
             return  # the lock stays busy: the next check tries again (another process may do it)
         for t, why in trials:
-            retry = t.user_attrs.get(ATTEMPT, 1) <= self.spec.search.max_retries
+            # attempts lost (preempted ones are not): at most search.max_retries retried
+            lost = t.user_attrs.get(ATTEMPT, 1) - t.user_attrs.get(PREEMPTIONS, 0)
+            retry = lost <= self.spec.search.max_retries
             try:
                 if retry:
                     rdb.set_system_attr(self.study, rdb.trial_id(t), INTERRUPTED, why)
                 else:  # lost too often (a trial that kills its machine?): it stays failed
-                    why = f"{why}; not retried: lost {t.user_attrs.get(ATTEMPT, 1)} times (search.max_retries)"
+                    why = f"{why}; not retried: lost {lost} times (search.max_retries)"
                     rdb.set_user_attr(self.study, rdb.trial_id(t), INFO, {**t.user_attrs.get(INFO, {}), "reason": why})
             except UpdateFinishedTrialError:
                 continue  # it finished meanwhile
@@ -139,12 +143,30 @@ class Recovery:
         )[0]
         return found
 
+    def retry_preempted(self, t: FrozenTrial, why: str, resume: str | None, history: list[dict[str, Any]]) -> None:
+        """A trial stopped after an epoch because a sweep of higher priority wanted its device:
+        failed as interrupted and queued again at once, to continue from ``resume`` (its state
+        after that epoch; None: from the start), not counted against search.max_retries; its
+        record keeps the epochs it trained (``history``)."""
+        while not self.ledger.lock():  # no batch is proposed between the failure and the retry
+            time.sleep(0.1)
+        try:
+            rdb.set_system_attr(self.study, rdb.trial_id(t), INTERRUPTED, why)
+            rdb.set_user_attr(self.study, rdb.trial_id(t), INFO, {**t.user_attrs.get(INFO, {}), "history": history})
+            if lease.fail(self.study, t):
+                more = {PREEMPTIONS: t.user_attrs.get(PREEMPTIONS, 0) + 1, **({RESUME: resume} if resume else {})}
+                self._enqueue_retry(t, **more)
+                close_trial_run(self.ctx.tracker, self._run_of(t), TrialState.INTERRUPTED, why, status="KILLED")
+                self.ctx.observer.note(f"trial {t.number} {why}: retried from there")
+        finally:
+            self.ledger.unlock()
+
     def _enqueue_retry(self, t: FrozenTrial, **changes: Any) -> None:
         """Queue another attempt at trial ``t``'s slot (as ``study.enqueue_trial`` does): same
         params, seed and batch (and the same train.accumulate, unless ``changes`` sets another),
         and the sampler's attrs (NSGA-II's generation: the retry stands in for the attempt)."""
         attrs = t.user_attrs
-        kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE) if k in attrs}
+        kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE, PREEMPTIONS) if k in attrs}
         sampler = {k: v for k, v in t.system_attrs.items() if not k.startswith("sweeper_") and k != "fixed_params"}
         self.study.add_trial(
             create_trial(

@@ -38,6 +38,8 @@ SLOT = "sweeper_slot"  # the trial's place in the budget: its seed (and, reprodu
 BATCH = "sweeper_batch"  # reproducible mode: the batch that proposed it
 RETRY_OF = "sweeper_retry_of"  # the number of the trial it retries
 ATTEMPT = "sweeper_attempt"  # a retry: the how-manieth attempt at its slot (the first has none: 1)
+RESUME = "sweeper_resume"  # a retry of a preempted trial: the training state file it continues from
+PREEMPTIONS = "sweeper_preemptions"  # how many of its slot's attempts were preempted (not lost)
 ACCUMULATE = "sweeper_accumulate"  # a retry after out-of-memory: the train.accumulate it runs with
 # user attr of an earlier sweep's trial added as an observation (earlier.py): {source, trial}. The
 # sampler learns from it; it is not one of this sweep's trials (no slot, not in its records)

@@ -7,6 +7,10 @@
 4. Among equal priorities, fair share: the owner whose open sweeps have used the least device
    time per unit of weight (their ledgers' spent device-seconds), then the one fewer workers
    serve now; within an owner, its sweeps in the order submitted.
+
+Preemption (``preempted_for``): a sweep of higher priority that no worker serves, and no idle
+worker could, takes the device of the worker serving the lowest priority among those that could
+serve it (one worker, so one trial is preempted per waiting sweep), after that trial's epoch.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class Pool:
     spent: dict[str, float]  # device-seconds by sweep name
     owners: dict[str, dict[str, Any]]  # owner -> {weight, max_devices}
     serving: dict[str, str | None] = field(default_factory=dict)  # live worker -> the sweep it serves
+    offers: dict[str, Offer] = field(default_factory=dict)  # live worker -> what it offers
 
     def weight(self, owner: str) -> float:
         return float(self.owners.get(owner, {}).get("weight") or 1.0)
@@ -38,16 +43,8 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
     """The sweep worker ``me`` (offering ``offer``) should serve now, or None."""
     by_name = {e.name: e for e in pool.entries}
     others = {w: s for w, s in pool.serving.items() if w != me and s in by_name}
-    in_use = Counter(by_name[s].owner for s in others.values() if s is not None)
     serving = Counter(s for s in others.values() if s is not None)
-    candidates = [
-        e
-        for e in pool.entries
-        if e.state in OPEN
-        and offer.fits(e)
-        and e.name not in resting
-        and (pool.quota(e.owner) is None or in_use[e.owner] < (pool.quota(e.owner) or 0))
-    ]
+    candidates = _open(pool, offer, me, resting)
     if not candidates:
         return None
     top = max(e.priority for e in candidates)
@@ -65,3 +62,39 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
         return (used.get(e.owner, 0.0) / w, owner_serving[e.owner] / w, e.submitted_at, e.name)
 
     return min(candidates, key=share)
+
+
+def _open(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]) -> list[Entry]:
+    """The sweeps open for trials that ``offer`` fits, not resting, whose owner has a device left
+    in its quota (devices of live workers other than ``me``)."""
+    by_name = {e.name: e for e in pool.entries}
+    in_use = Counter(by_name[s].owner for w, s in pool.serving.items() if w != me and s in by_name)
+
+    def quota_left(owner: str) -> bool:
+        quota = pool.quota(owner)
+        return quota is None or in_use[owner] < quota
+
+    return [
+        e for e in pool.entries if e.state in OPEN and offer.fits(e) and e.name not in resting and quota_left(e.owner)
+    ]
+
+
+def preempted_for(pool: Pool, me: str, mine: Entry, resting: frozenset[str] | set[str] = frozenset()) -> Entry | None:
+    """The sweep that worker ``me`` (serving ``mine``) should give its device to now, or None."""
+    if me not in pool.offers:
+        return None
+    by_name = {e.name: e for e in pool.entries}
+    served = {s for w, s in pool.serving.items() if s is not None and w != me}
+    waiting = [
+        e for e in _open(pool, pool.offers[me], me, resting) if e.priority > mine.priority and e.name not in served
+    ]
+    for sweep in sorted(waiting, key=lambda e: (-e.priority, e.submitted_at, e.name)):
+        if any(pool.serving.get(w) is None and offer.fits(sweep) for w, offer in pool.offers.items() if w != me):
+            return None  # an idle worker takes it
+        givers = [
+            (by_name[s].priority, w)
+            for w, s in pool.serving.items()
+            if s in by_name and by_name[s].priority < sweep.priority and w in pool.offers and pool.offers[w].fits(sweep)
+        ]
+        return sweep if givers and min(givers) == (mine.priority, me) else None
+    return None

@@ -5,7 +5,10 @@ The worker asks the policy (policy.py) which sweep to serve and joins it as `swe
 Before each claim, and while that sweep has nothing to claim, it asks again: it leaves for a sweep
 of higher priority or of an owner behind on fair share (the trial it holds finishes first), and for
 any other runnable sweep rather than wait. A sweep it leaves with nothing to claim rests a moment
-(REST_S) for this worker.
+(REST_S) for this worker. After each epoch it asks whether a sweep of higher priority waits for
+its device (policy.preempted_for): the trial then stops there, its training state saved, and is
+retried from that state later (search/optuna/recovery.py: retry_preempted), bitwise the trial an
+uninterrupted run trains (on the CPU).
 
 Finishing: when a worker leaves a sweep whose budget is spent and whose every trial has ended, it
 moves the sweep from running to finishing in one compare-and-set UPDATE; the one that succeeds
@@ -26,7 +29,7 @@ from pathlib import Path
 from sweeper.errors import SweepStopped, UserError
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue.policy import Pool, choose
+from sweeper.search.queue.policy import Pool, choose, preempted_for
 from sweeper.search.queue.table import OPEN, Entry, Offer, Queue
 from sweeper.spec import SweepSpec
 
@@ -92,7 +95,8 @@ class QueueWorker:
     def _pool(self) -> Pool:
         workers = self.queue.workers(LIVE_S)
         serving = {w["worker"]: w["serving"] for w in workers}
-        return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving)
+        offers = {w["worker"]: Offer(w["device"], w["memory_gb"]) for w in workers}
+        return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving, offers)
 
     def _next(self, also_resting: str | None = None) -> Entry | None:
         now = time.time()
@@ -128,6 +132,9 @@ class QueueWorker:
                     left["for"] = "wait"
                     return True
                 return False
+            if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
+                left["for"] = "other"
+                return True
             pick = self._next()
             if pick is None or pick.name == entry.name:
                 return False
@@ -136,8 +143,15 @@ class QueueWorker:
                 return True
             return False  # another sweep of the same owner and priority: this one goes on (no switch)
 
+        def preempt() -> str | None:
+            now = time.time()
+            resting = {n for n, until in self.resting.items() if until > now}
+            wanted = preempted_for(self._pool(), self.me, entry, resting)
+            return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
+
         try:
-            runner.run_sweep(spec, self._out(entry), QuietObserver(), role="worker", elsewhere=elsewhere)
+            out = self._out(entry)
+            runner.run_sweep(spec, out, QuietObserver(), role="worker", elsewhere=elsewhere, preempt=preempt)
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
             return 0
@@ -146,6 +160,9 @@ class QueueWorker:
         if left["for"] != "other":  # nothing to claim there now
             self.resting[entry.name] = time.time() + REST_S
         return int(left["for"] is None and self._finish(entry, spec))
+
+    def _state(self, name: str) -> str:
+        return self.queue.entry(name).state
 
     def _spec(self, entry: Entry) -> SweepSpec:
         from sweeper.spec import validate
