@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
 K8S = DEPLOY / "k8s"
+KUEUE = K8S / "kueue"
 K8S_VERSION = "1.37.0"
 # every manifest kubernetes-validate knows (not the kustomization, not KubeRay's custom resource)
 MANIFESTS = sorted(p.name for p in K8S.glob("*.yaml") if p.name not in ("kustomization.yaml", "rayjob.yaml"))
@@ -72,7 +73,8 @@ def rayjob() -> dict[str, Any]:
 
 def pod_templates() -> dict[str, dict[str, Any]]:
     """Every pod template in deploy/k8s: the Jobs' and the RayJob's head and worker groups."""
-    templates = {p.stem: load_all(p)[0]["spec"]["template"] for p in (K8S / "worker-job.yaml", K8S / "sweep-job.yaml")}
+    jobs = (K8S / "worker-job.yaml", K8S / "sweep-job.yaml", K8S / "queue-workers.yaml", KUEUE / "sweep-job.yaml")
+    templates = {f"{p.parent.name}/{p.stem}": load_all(p)[0]["spec"]["template"] for p in jobs}
     cluster = rayjob()["spec"]["rayClusterSpec"]
     templates["rayjob-head"] = cluster["headGroupSpec"]["template"]
     for group in cluster["workerGroupSpecs"]:
@@ -127,6 +129,11 @@ def test_compose_services_have_health_checks_restart_policies_and_wait_for_healt
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert "container_name" not in worker  # --scale worker=N needs generated names
     assert services["sweep"]["command"][:2] == ["run", "/spec/spec.yaml"]
+    # the queue's pool: scaled like the workers, serving the queue in the studies database
+    pool = services["queue-worker"]
+    assert pool["command"][:3] == ["worker", "--queue", "postgresql+psycopg://sweeper@postgres:5432/optuna"]
+    assert pool["profiles"] == ["queue"] and "container_name" not in pool and pool["deploy"] == worker["deploy"]
+    assert "sweep-runs:/work/runs" in pool["volumes"]  # one folder: the finisher's summary, preempted states
     mlflow = " ".join(services["mlflow"]["command"])
     for option in (
         "--app-name=basic-auth",
@@ -262,7 +269,7 @@ def test_rayjob_fields():
 
 
 def test_no_service_is_exposed_outside_the_cluster():
-    for path in [*K8S.glob("*.yaml"), *(DEPLOY / "ray").glob("*.yaml")]:
+    for path in [*K8S.glob("*.yaml"), *KUEUE.glob("*.yaml"), *(DEPLOY / "ray").glob("*.yaml")]:
         for doc in load_all(path):
             for keys, value in strings(doc):
                 if keys and keys[-1] == "type" and "service" in "".join(map(str, keys)).lower():
@@ -295,6 +302,31 @@ def test_pods_run_as_non_root_on_a_read_only_root_with_secrets_from_secrets():
     container = worker["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["worker", "/spec/spec.yaml"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_the_queue_workers_serve_the_queue_and_kueue_queues_each_sweep_job():
+    (pool,) = load_all(K8S / "queue-workers.yaml")
+    container = pool["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["worker", "--queue"] and container["args"][2].startswith("postgresql+psycopg://")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and pool["spec"]["replicas"] >= 2
+    # Kueue's objects (custom resources: their fields checked here) and the Job they admit
+    kinds = {d["kind"]: d for d in load_all(KUEUE / "queues.yaml")}
+    priorities = {
+        d["metadata"]["name"] for d in load_all(KUEUE / "queues.yaml") if d["kind"] == "WorkloadPriorityClass"
+    }
+    assert {d["apiVersion"] for d in load_all(KUEUE / "queues.yaml")} == {"kueue.x-k8s.io/v1beta2"}
+    queue, cluster = kinds["LocalQueue"], kinds["ClusterQueue"]
+    assert queue["spec"]["clusterQueue"] == cluster["metadata"]["name"] and queue["metadata"]["namespace"] == "sweeper"
+    flavor = cluster["spec"]["resourceGroups"][0]["flavors"][0]
+    assert flavor["name"] == kinds["ResourceFlavor"]["metadata"]["name"]
+    assert {r["name"]: r["nominalQuota"] for r in flavor["resources"]}["nvidia.com/gpu"] == 8
+    assert cluster["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority" and len(priorities) == 2
+    (job,) = load_all(KUEUE / "sweep-job.yaml")
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == queue["metadata"]["name"]
+    assert labels["kueue.x-k8s.io/priority-class"] in priorities and job["spec"]["suspend"] is True
+    result = kubernetes_validate(KUEUE / "sweep-job.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_kustomization_lists_every_manifest_and_names_the_kubernetes_version():

@@ -3,7 +3,8 @@ runtime): the machine's PostgreSQL (one database for the studies, one for MLflow
 S3-compatible object store (moto's server mode), `mlflow server` with basic auth and its
 artifacts in that store (proxied: the sweep's processes hold no S3 credentials), two
 `sweeper worker` processes and one `sweeper run`, and optuna-dashboard on the studies. One sweep
-end to end. Synchronised on events (the gate plugin's files, rows in the study)."""
+end to end; then the queue's pool (service queue-worker) serving two queued sweeps. Synchronised
+on events (the gate plugin's files, rows in the study)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import children, wait_for
+from conftest import children, sweeper, wait_for, write_spec
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer, free_port, stop_group
 from pg import pg_database
@@ -196,6 +197,26 @@ def test_the_compose_topology_runs_one_sweep_end_to_end(workdir: Path, gate: Pat
             with urllib.request.urlopen(f"http://127.0.0.1:{dashboard_port}/api/studies", timeout=10) as response:
                 names = [s["study_name"] for s in json.loads(response.read())["study_summaries"]]
             assert "smoke" in names
+
+            # the queue's pool (service queue-worker): two sweeps submitted, two workers as compose
+            # runs them (its database on loopback), draining the queue; tracked through the server
+            pool = yaml.safe_load((COMPOSE / "compose.yaml").read_text())["services"]["queue-worker"]["command"]
+            assert pool[:2] == ["worker", "--queue"]
+            for name in ("team-a", "team-b"):
+                queued = write_spec(workdir / f"{name}.yaml", name=name, tracking={"experiment": name})
+                sweeper("submit", str(queued), "--queue", studies, "--owner", name, check=True)
+            args = [
+                studies if a.startswith("postgresql") else str(workdir / "q") if a.startswith("/") else a for a in pool
+            ]
+            queue = [start(workdir, *args, "--drain", log=f"q{i}") for i in (1, 2)]
+            for i, proc in enumerate(queue, 1):
+                finish(proc, workdir, f"q{i}")
+            listed = {r["name"]: r for r in json.loads(sweeper("queue", studies, "--json", check=True).stdout)}
+            for name in ("team-a", "team-b"):
+                assert listed[name]["state"] == "finished" and listed[name]["trials_done"] == 4
+                done = json.loads(Path(listed[name]["note"]).read_text())
+                assert client.get_run(done["mlflow"]["parent_run_id"]).info.status == "FINISHED"
+                assert "error" not in done["export"]["formats"][0]
         finally:
             for proc in (a, b, run):  # a failed assertion leaves no process behind
                 if proc is not None and proc.poll() is None:
