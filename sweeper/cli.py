@@ -333,6 +333,23 @@ def share(
     typer.echo(f"owner '{owner}': weight {got['weight']:g}, {quota}")
 
 
+@app.command("queue-access")
+@user_errors
+def queue_access(
+    url: str = QUEUE_URL,
+    workers: str = typer.Option(..., "--workers", help="the database role the queue's workers connect as"),
+    submitters: str = typer.Option(..., "--submitters", help="comma-separated roles of the people who submit"),
+) -> None:
+    """Set up a PostgreSQL queue for a team (as the database's owner): every table created, the
+    workers' role may write everything, each submitter changes only the sweeps it owns."""
+    from sweeper.search.queue.roles import secure
+
+    names = [n.strip() for n in submitters.split(",") if n.strip()]
+    for statement in secure(url, workers, names):
+        typer.echo(f"{statement};")
+    typer.echo(f"# {len(names)} submitter(s) may queue, cancel and reprioritise their own sweeps only")
+
+
 @app.command()
 @user_errors
 def validate(

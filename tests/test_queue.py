@@ -210,3 +210,56 @@ def test_a_preempted_trial_resumes_from_its_epoch_bitwise(workdir: Path, gate: P
 
     # epochs 1-2 from the saved state, epoch 3 trained after the urgent sweep: the uninterrupted trial's
     assert bits(resumed["history"]) == bits(reference["history"]) and len(reference["history"]) == 3
+
+
+def test_database_roles_let_a_submitter_change_only_its_own_sweeps(
+    workdir: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    import uuid
+
+    import psycopg
+    from pg import _admin
+    from sqlalchemy.engine import make_url
+
+    tag = uuid.uuid4().hex[:8]
+    role = {who: f"sweeper_{who}_{tag}" for who in ("pool", "ana", "bo")}
+    with _admin() as conn:  # roles are the server's, not the database's: unique names, dropped below
+        for name in role.values():
+            conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD 'pw-{tag}'")
+
+    monkeypatch.setenv("PGPASSWORD", f"pw-{tag}")  # never in a URL: sweeper refuses a spec that records one
+
+    def url(who: str) -> str:
+        return make_url(pg_url).set(username=role[who], password=None).render_as_string(hide_password=False)
+
+    try:
+        setup = sweeper(
+            "queue-access", pg_url, "--workers", role["pool"], "--submitters", f"{role['ana']},{role['bo']}"
+        )
+        assert setup.returncode == 0 and "ENABLE ROW LEVEL SECURITY" in setup.stdout, setup.stderr
+        sweeper("submit", str(smoke(workdir, "a")), "--queue", url("ana"), "--owner", role["ana"], check=True)
+        b = smoke(workdir, "b", n_trials=2, batch_size=2)
+        sweeper("submit", str(b), "--queue", url("bo"), "--owner", role["bo"], check=True)
+        # bo may neither cancel nor reprioritise ana's sweep, nor queue one in her name
+        for args in (["cancel", url("bo"), "a"], ["priority", url("bo"), "a", "9"]):
+            refused = sweeper(*args)
+            assert refused.returncode == 2 and f"belongs to {role['ana']}" in refused.stderr, refused.stderr
+        forged = sweeper("submit", str(smoke(workdir, "c")), "--queue", url("bo"), "--owner", role["ana"])
+        assert forged.returncode == 2 and f"--owner {role['bo']}" in forged.stderr, forged.stderr
+        assert "it was queued" in sweeper("cancel", url("ana"), "a", check=True).stdout
+        # the workers' role serves every sweep: bo's
+        finish(start(workdir, "worker", "--queue", url("pool"), "--drain", "--out", "runs", log="w"), workdir, "w")
+        rows = queue_rows(pg_url)
+        assert [rows["a"]["state"], rows["b"]["state"], rows["a"]["priority"]] == ["cancelled", "finished", 0]
+        assert "c" not in rows
+    finally:
+        target = make_url(pg_url)
+        with psycopg.connect(
+            host=target.host, port=target.port, user=target.username, password=target.password,
+            dbname=target.database, autocommit=True,
+        ) as conn:  # fmt: skip
+            for name in role.values():
+                conn.execute(f"DROP OWNED BY {name}")  # its grants in this database
+        with _admin() as conn:
+            for name in role.values():
+                conn.execute(f"DROP ROLE IF EXISTS {name}")

@@ -4,7 +4,9 @@
              weights and quotas, the workers serving it
 - policy.py  which sweep a free worker serves next: priority, fair share, quota, device
 - submit.py  `sweeper submit --queue`, `queue`, `cancel`, `priority`, `share`
-- worker.py  `sweeper worker --queue`: serving trials from every runnable sweep; who finishes one
+- worker.py  `sweeper worker --queue`: serving trials from every runnable sweep; preemption; who
+             finishes one
+- roles.py   `sweeper queue-access`: PostgreSQL roles, row-level security on the queue's rows
 
 The queue decides which sweep a worker serves; each sweep's own batches, ledger and leases are
 the ones `sweeper run` and `sweeper worker --study` use (search/optuna/).

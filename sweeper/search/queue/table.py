@@ -146,6 +146,12 @@ class Queue:
                 f"{safe_url(self.url)}: the queue holds a sweep named '{name}' already "
                 f"(`sweeper queue {safe_url(self.url)}` lists them); give this one another name: name=..."
             ) from None
+        except sa.exc.ProgrammingError as exc:  # row-level security (queue-access): only as oneself
+            raise UserError(
+                f"{safe_url(self.url)}: the database refused to queue sweep '{name}' for owner '{owner}' "
+                f"({str(exc.orig).splitlines()[0]}); a submitter queues sweeps as its own database role: "
+                f"--owner {self.role()}"
+            ) from None
 
     def entries(self) -> list[Entry]:
         """Every sweep of the queue, in the order submitted."""
@@ -172,9 +178,25 @@ class Queue:
         return done.rowcount == 1
 
     def set_priority(self, name: str, priority: int) -> None:
-        self.entry(name)  # a UserError naming the sweeps when there is no such sweep
+        entry = self.entry(name)  # a UserError naming the sweeps when there is no such sweep
         with self.engine.begin() as db:
-            db.execute(QUEUE.update().where(QUEUE.c.name == name).values(priority=priority))
+            done = db.execute(QUEUE.update().where(QUEUE.c.name == name).values(priority=priority))
+        if done.rowcount != 1:
+            raise self.not_yours(entry)
+
+    def not_yours(self, entry: Entry) -> UserError:
+        """The error for a change that row-level security (queue-access) did not let through."""
+        return UserError(
+            f"sweep '{entry.name}' belongs to {entry.owner}: the database lets only its owner's role (or the "
+            f"workers') change it; you are connected as {self.role()}"
+        )
+
+    def role(self) -> str:
+        """The database role this process is connected as."""
+        if not self.url.startswith("postgresql"):
+            return "the database's only user"
+        with self.engine.connect() as db:
+            return str(db.execute(sa.text("select current_user")).scalar())
 
     # --- owners -------------------------------------------------------------------------------
 

@@ -167,7 +167,9 @@ class QueueWorker:
     def _spec(self, entry: Entry) -> SweepSpec:
         from sweeper.spec import validate
 
-        return validate(entry.spec, f"queued sweep '{entry.name}'")
+        # its study and ledger as this worker reaches the queue's database (its host, its role)
+        search = {**entry.spec["search"], "storage": self.url}
+        return validate({**entry.spec, "search": search}, f"queued sweep '{entry.name}'")
 
     def _out(self, entry: Entry) -> Path:
         return self.out_root / entry.name
