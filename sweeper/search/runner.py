@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,23 +100,29 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
         yield
 
 
+@dataclass
+class Visit:
+    """How a queue's worker (search/queue/worker.py) serves a sweep, visit after visit."""
+
+    elsewhere: Callable[[bool], bool]  # asked before each claim: leave for another sweep (SearchContext)
+    preempt: Callable[[], str | None]  # asked after each epoch: a reason to stop the trial there
+    # the sweep's data set and compiled forwards, kept between the worker's visits
+    cache: ProcessCache = field(default_factory=ProcessCache)
+    checked: bool = False  # its dry build passed on an earlier visit: not built again
+
+
 def run_sweep(
-    spec: SweepSpec,
-    out_dir: Path,
-    observer: Observer,
-    role: str = "run",
-    elsewhere: Callable[[bool], bool] | None = None,
-    preempt: Callable[[], str | None] | None = None,
+    spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "run", visit: Visit | None = None
 ) -> dict[str, Any]:
     """Serve the sweep from ``out_dir`` as ``role``: "run" (until every trial has finished;
     then summarise and export; returns the summary, also written there), "finish" (the same for a
     queued sweep whose trials have all ended: its budget as the ledger holds it) or "worker" (until
-    no trial is left to claim, or ``elsewhere()`` says to serve another sweep; ``preempt()``, after
-    each epoch: a reason to stop the trial there for a sweep of higher priority; returns a small
+    no trial is left to claim, or a queue's ``visit`` says to serve another sweep; returns a small
     report of what it trained)."""
     import torch
 
-    cache = ProcessCache()  # this process's data set (sizing, warm start, inline trials, export) and compiled forwards
+    # this process's data set (sizing, warm start, inline trials, export) and compiled forwards
+    cache = visit.cache if visit is not None else ProcessCache()
     # the space derived from the priors (search.auto) and, by `sweeper run` with a device-time budget,
     # sized to it (a worker never sizes: with --study it reads the sized spec the sweep stored), then
     # search.sampler/pruner: auto chosen from it (before the task's resolution, which marks every
@@ -135,15 +142,18 @@ def run_sweep(
         prestarted.start(spec.search.parallel)  # the workers start while this process prepares
     try:
         # data prepared once, each plugin choice built on the CPU: before any file, run or trial
-        for warning in strategy.notes(spec) + dry_build(spec).warnings:  # notes: settings without effect
-            print(f"warning: {warning}", file=sys.stderr)
+        # (a queue's worker: on its first visit to the sweep)
+        if visit is None or not visit.checked:
+            for warning in strategy.notes(spec) + dry_build(spec).warnings:  # notes: settings without effect
+                print(f"warning: {warning}", file=sys.stderr)
+        if visit is not None:
+            visit.checked = True
         out_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(out_dir) if role != "worker" else contextlib.nullcontext():
             store = searcher.store(spec, out_dir)
             try:
                 changes = sized.changes if sized is not None else None
-                queue = (elsewhere, preempt)
-                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, queue)
+                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, visit)
             finally:
                 store.close()
     finally:
@@ -209,10 +219,10 @@ def _serve(
     cache: ProcessCache,
     prestarted: pool.Prestarted,
     sized: list[str] | None = None,
-    queue: tuple[Callable[[bool], bool] | None, Callable[[], str | None] | None] = (None, None),
+    visit: Visit | None = None,
 ) -> dict[str, Any]:
     """Serve the resolved sweep; ``sized``: the changes sizing made to a derived space (None: not
-    sized), for summary.json; ``queue``: a queue worker's (elsewhere, preempt) callables (run_sweep)."""
+    sized), for summary.json; ``visit``: a queue's worker's (run_sweep)."""
     if role != "worker":
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
@@ -234,8 +244,8 @@ def _serve(
         enqueue=prepared.enqueue,
         cache=cache,
         prestarted=prestarted,
-        elsewhere=queue[0],
-        preempt=queue[1],
+        elsewhere=visit.elsewhere if visit is not None else None,
+        preempt=visit.preempt if visit is not None else None,
     )
     started = time.perf_counter()
     try:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sweeper.errors import SweepStopped, UserError
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
@@ -32,11 +33,13 @@ from sweeper.search.optuna.study import safe_url
 from sweeper.search.queue.policy import Pool, choose, preempted_for
 from sweeper.search.queue.table import OPEN, Entry, Offer, Queue
 from sweeper.spec import SweepSpec
+from sweeper.trial.build import ProcessCache
 
 HEARTBEAT_S = 5.0  # how often a worker renews its row
 LIVE_S = 30.0  # a worker not seen for this long is gone: its devices leave its owner's quota
 POLL_S = 1.0  # how often an idle worker looks at the queue again
 REST_S = 5.0  # a sweep left with nothing to claim is not entered again by this worker for this long
+KEPT_DATA = 2  # the data sets (and compiled forwards) of this many sweeps last visited stay in memory
 
 
 def detect_offer() -> Offer:
@@ -55,6 +58,8 @@ class QueueWorker:
         self.me = this_member()
         self.resting: dict[str, float] = {}  # sweep -> until when (unix time) this worker does not enter it
         self.served = 0  # sweeps entered
+        # the sweeps visited, in the order last visited: dry build done, the last ones' data sets kept
+        self.visits: dict[str, Any] = {}
         self._stop = threading.Event()
 
     def run(self) -> int:
@@ -149,9 +154,13 @@ class QueueWorker:
             wanted = preempted_for(self._pool(), self.me, entry, resting)
             return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
 
+        visit = self.visits.pop(entry.name, None) or runner.Visit(elsewhere, preempt)
+        visit.elsewhere, visit.preempt = elsewhere, preempt
+        self.visits[entry.name] = visit  # the most recent last
+        for older in list(self.visits.values())[:-KEPT_DATA]:  # their data sets let go (memory, device memory)
+            older.cache = ProcessCache()
         try:
-            out = self._out(entry)
-            runner.run_sweep(spec, out, QuietObserver(), role="worker", elsewhere=elsewhere, preempt=preempt)
+            runner.run_sweep(spec, self._out(entry), QuietObserver(), role="worker", visit=visit)
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
             return 0
