@@ -33,6 +33,8 @@ from pathlib import Path
 import yaml
 from machine import describe
 
+from sweeper.search.optuna.study import INFO, OWNER
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = os.environ.get("SWEEPER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432")
 
@@ -55,11 +57,15 @@ def sweeper(*args: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sweeper", *args], check=True, capture_output=True, text=True, **kw)
 
 
-def spec_file(folder: Path, name: str, trials: int, epochs: int) -> Path:
+def spec_file(folder: Path, name: str, trials: int, epochs: int, samples: int) -> Path:
+    """The smoke spec with ``samples`` training samples (its trials last seconds, not milliseconds)."""
     spec = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
     spec.update(name=name, tracking={"enabled": False}, export={"formats": []})
+    spec["dataset"]["args"]["num_train"] = samples
     spec["train"].update(epochs=epochs, cpu_threads=1)
-    spec["search"].update(sampler="random", pruner={"type": "none"}, n_trials=trials, batch_size=2)
+    # one batch: every trial of a sweep can be claimed from the start, so "runnable trials exist" until
+    # the last trial starts (batches would make workers wait for earlier ones: not the queue's cost)
+    spec["search"].update(sampler="random", pruner={"type": "none"}, n_trials=trials, batch_size=trials)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -75,16 +81,16 @@ def trials_of(url: str, names: list[str]) -> list[dict]:
         for t in optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False):
             if t.datetime_start is None or t.datetime_complete is None:
                 continue
-            owner = t.system_attrs.get("sweeper_owner", "?:?")
-            history = t.user_attrs.get("sweeper_info", {}).get("history", [])
+            owner = t.system_attrs.get(OWNER, "?:?")
+            info = t.user_attrs.get(INFO, {})
             rows.append(
                 {
                     "sweep": name,
                     "worker": ":".join(owner.split(":")[:2]),  # host:pid (each join has its own tag)
                     "start": t.datetime_start.timestamp(),
                     "end": t.datetime_complete.timestamp(),
-                    "epoch_s": [h.get("epoch_seconds", 0.0) for h in history],
-                    "device_s": t.user_attrs.get("sweeper_info", {}).get("device_seconds", 0.0),
+                    "epoch_s": [h.get("epoch_seconds", 0.0) for h in info.get("history", [])],
+                    "device_s": info.get("device_seconds", 0.0),
                 }
             )
     storage.engine.dispose()
@@ -114,6 +120,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--trials", type=int, default=8, help="trials per sweep")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=65536, help="training samples of each smoke trial")
     parser.add_argument("--share-after", type=int, default=20, help="fair share: once both owners ran this many")
     args = parser.parse_args()
     print("$ python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]))
@@ -126,8 +133,18 @@ def main() -> None:
         sweeps = [f"s{i:02d}" for i in range(args.sweeps)]
         owners = {s: ("alice" if i % 2 == 0 else "bob") for i, s in enumerate(sweeps)}
         for s in sweeps:
-            sweeper("submit", str(spec_file(work, s, args.trials, args.epochs)), "--queue", url, "--owner", owners[s])
-        print(f"{args.sweeps} sweeps queued ({args.trials} trials of {args.epochs} epochs each, owners alice and bob)")
+            sweeper(
+                "submit",
+                str(spec_file(work, s, args.trials, args.epochs, args.samples)),
+                "--queue",
+                url,
+                "--owner",
+                owners[s],
+            )
+        print(
+            f"{args.sweeps} smoke sweeps queued ({args.trials} trials of {args.epochs} epochs on {args.samples} "
+            f"samples each; owners alice and bob), {args.workers} workers"
+        )
         print(f"one policy decision with {args.sweeps} sweeps queued: {decision_ms(url):.1f} ms (median of 50)")
         logs = [open(work / f"w{i}.log", "w") for i in range(args.workers)]
         procs = [
@@ -144,9 +161,9 @@ def main() -> None:
         while _completed(url) < args.sweeps * args.trials // 3:
             time.sleep(0.5)
         active_ms = decision_ms(url, 20)
-        urgent = spec_file(work, "urgent", 2, args.epochs)
-        submitted = time.time()
+        urgent = spec_file(work, "urgent", 2, args.epochs, args.samples)
         sweeper("submit", str(urgent), "--queue", url, "--owner", "carol", "--priority", "10")
+        submitted = _submitted_at(url, "urgent")  # the row's time: not the submit command's checks
         for proc in procs:
             if proc.wait() != 0:
                 sys.exit(f"a worker failed: see {work}")
@@ -157,6 +174,18 @@ def main() -> None:
         print(f"states at the end: {', '.join(sorted(states))}")
     finally:
         database(name, create=False)
+
+
+def _submitted_at(url: str, name: str) -> float:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as db:
+            query = sa.text("select submitted_at from sweeper_queue where name = :n")
+            return float(db.execute(query, {"n": name}).scalar())
+    finally:
+        engine.dispose()
 
 
 def _completed(url: str) -> int:
@@ -203,7 +232,7 @@ def report(
         spent[owner] += r["device_s"]
         done[owner] += 1
         if error is None and min(done.values()) >= args.share_after:
-            error = abs(spent["alice"] - spent["bob"]) / ((spent["alice"] + spent["bob"]) / 2)
+            error = abs(spent["alice"] - spent["bob"]) / max((spent["alice"] + spent["bob"]) / 2, 1e-9)
             print(
                 f"fair share once both owners ran {args.share_after} trials: alice {spent['alice']:.1f} s, "
                 f"bob {spent['bob']:.1f} s of device time: {error:.1%} apart (goal within 10 %)"

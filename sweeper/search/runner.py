@@ -109,6 +109,16 @@ class Visit:
     # the sweep's data set and compiled forwards, kept between the worker's visits
     cache: ProcessCache = field(default_factory=ProcessCache)
     checked: bool = False  # its dry build passed on an earlier visit: not built again
+    # its study and ledger, opened and joined on the first visit (its heartbeat renews the
+    # worker's membership meanwhile); close() when the worker is done with the sweep
+    store: SweepStore | None = None
+
+    def close(self) -> None:
+        """Let go of what the visits kept: the store (membership, connections) and the data set."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self.cache = ProcessCache()
 
 
 def run_sweep(
@@ -150,12 +160,16 @@ def run_sweep(
             visit.checked = True
         out_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(out_dir) if role != "worker" else contextlib.nullcontext():
-            store = searcher.store(spec, out_dir)
+            kept = visit.store if visit is not None else None
+            store = kept if kept is not None else searcher.store(spec, out_dir)
             try:
                 changes = sized.changes if sized is not None else None
                 return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, visit)
             finally:
-                store.close()
+                if visit is not None:
+                    visit.store = store  # for the next visit
+                else:
+                    store.close()
     finally:
         prestarted.discard()  # none when the pool took them
 

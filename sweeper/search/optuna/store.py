@@ -106,9 +106,10 @@ class LedgerStore:
 
     def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
         mine = spec.model_dump(mode="json")
-        self.ledger.join(role)
-        self.joined = True
-        self.heartbeat.start()
+        if not self.joined:  # a queue's worker visiting again keeps its store, joined (runner.Visit)
+            self.ledger.join(role)
+            self.joined = True
+            self.heartbeat.start()
         if self.ledger.create(mine, spec.search.n_trials, spec.search.timeout, self._existing()):
             return self._make(spec, make)
         while True:

@@ -6,7 +6,9 @@
 3. The highest priority first.
 4. Among equal priorities, fair share: the owner whose open sweeps have used the least device
    time per unit of weight (their ledgers' spent device-seconds), then the one fewer workers
-   serve now; within an owner, its sweeps in the order submitted.
+   serve now; within an owner, its sweeps in the order submitted. A worker serving one owner
+   leaves for another once its owner is ahead by more than the trial it just trained
+   (``ahead_by``): fair within a trial, without a switch of sweeps after every trial.
 
 Preemption (``preempted_for``): a sweep of higher priority that no worker serves, and no idle
 worker could, takes the device of the worker serving the lowest priority among those that could
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.search.queue.table import OPEN, Entry, Offer
+
+SHARING = (*OPEN, "finishing")  # the sweeps whose device time counts in their owner's fair share
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
     candidates = [e for e in candidates if e.priority == top]
     used: dict[str, float] = {}
     for e in pool.entries:
-        if e.state in (*OPEN, "finishing"):
+        if e.state in SHARING:
             used[e.owner] = used.get(e.owner, 0.0) + pool.spent.get(e.name, 0.0)
     owner_serving = Counter[str]()
     for name, n in serving.items():
@@ -62,6 +66,17 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
         return (used.get(e.owner, 0.0) / w, owner_serving[e.owner] / w, e.submitted_at, e.name)
 
     return min(candidates, key=share)
+
+
+def ahead_by(pool: Pool, owner: str, other: str) -> float:
+    """How much more device time (seconds per unit of weight) ``owner``'s open sweeps have used
+    than ``other``'s: the fair-share gap a worker weighs before leaving one owner for the other."""
+
+    def used(who: str) -> float:
+        spent = sum(pool.spent.get(e.name, 0.0) for e in pool.entries if e.owner == who and e.state in SHARING)
+        return spent / pool.weight(who)
+
+    return used(owner) - used(other)
 
 
 def _open(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]) -> list[Entry]:

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,15 @@ from typing import Any
 from sweeper.errors import SweepStopped, UserError
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue.policy import Pool, choose, preempted_for
+from sweeper.search.queue.policy import Pool, ahead_by, choose, preempted_for
 from sweeper.search.queue.table import OPEN, Entry, Offer, Queue
 from sweeper.spec import SweepSpec
-from sweeper.trial.build import ProcessCache
 
 HEARTBEAT_S = 5.0  # how often a worker renews its row
 LIVE_S = 30.0  # a worker not seen for this long is gone: its devices leave its owner's quota
 POLL_S = 1.0  # how often an idle worker looks at the queue again
 REST_S = 5.0  # a sweep left with nothing to claim is not entered again by this worker for this long
+FAULT_REST_S = 30.0  # a sweep whose visit failed unexpectedly is not visited again by this worker for this long
 KEPT_DATA = 2  # the data sets (and compiled forwards) of this many sweeps last visited stay in memory
 
 
@@ -85,6 +86,8 @@ class QueueWorker:
                     return finished
                 time.sleep(POLL_S)
         finally:
+            for visit in self.visits.values():
+                visit.close()
             self._stop.set()
             beat.join(timeout=HEARTBEAT_S)
             self.queue.leave(self.me)
@@ -103,9 +106,12 @@ class QueueWorker:
         offers = {w["worker"]: Offer(w["device"], w["memory_gb"]) for w in workers}
         return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving, offers)
 
-    def _next(self, also_resting: str | None = None) -> Entry | None:
+    def _resting(self) -> set[str]:
         now = time.time()
-        resting = {n for n, until in self.resting.items() if until > now}
+        return {n for n, until in self.resting.items() if until > now}
+
+    def _next(self, also_resting: str | None = None) -> Entry | None:
+        resting = self._resting()
         if also_resting is not None:
             resting.add(also_resting)
         return choose(self._pool(), self.offer, self.me, resting)
@@ -127,9 +133,9 @@ class QueueWorker:
         self.queue.move(entry.name, ("queued",), state="running", started_at=time.time())
         self.say(f"serving sweep '{entry.name}' (owner {entry.owner}, priority {entry.priority})")
         self.served += 1
-        left: dict[str, str | None] = {
-            "for": None
-        }  # why run_sweep returned early: "other" (a sweep before it) or "wait"
+        # why run_sweep returned early: "other" (a sweep before it) or "wait"
+        left: dict[str, str | None] = {"for": None}
+        claimed_at = [time.monotonic()]  # the last claim here: the time since is the trial just trained
 
         def elsewhere(waiting: bool) -> bool:
             if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
@@ -140,29 +146,37 @@ class QueueWorker:
             if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
                 left["for"] = "other"
                 return True
-            pick = self._next()
+            trained_s, claimed_at[0] = time.monotonic() - claimed_at[0], time.monotonic()
+            pool = self._pool()
+            pick = choose(pool, self.offer, self.me, self._resting())
             if pick is None or pick.name == entry.name:
                 return False
-            if pick.priority > entry.priority or pick.owner != entry.owner:
+            # another owner comes first on fair share: left once this owner is ahead by more than the
+            # trial just trained (not after every trial: a visit costs joining the other sweep)
+            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner) > trained_s:
                 left["for"] = "other"
                 return True
             return False  # another sweep of the same owner and priority: this one goes on (no switch)
 
         def preempt() -> str | None:
-            now = time.time()
-            resting = {n for n, until in self.resting.items() if until > now}
-            wanted = preempted_for(self._pool(), self.me, entry, resting)
+            wanted = preempted_for(self._pool(), self.me, entry, self._resting())
             return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
 
         visit = self.visits.pop(entry.name, None) or runner.Visit(elsewhere, preempt)
         visit.elsewhere, visit.preempt = elsewhere, preempt
         self.visits[entry.name] = visit  # the most recent last
-        for older in list(self.visits.values())[:-KEPT_DATA]:  # their data sets let go (memory, device memory)
-            older.cache = ProcessCache()
+        for older in list(self.visits.values())[:-KEPT_DATA]:  # their stores and data sets let go
+            older.close()
         try:
             runner.run_sweep(spec, self._out(entry), QuietObserver(), role="worker", visit=visit)
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
+            self.visits.pop(entry.name).close()
+            return 0
+        except Exception:  # a fault of this visit (the database away a moment): said; the queue goes on
+            traceback.print_exc()
+            self.visits.pop(entry.name).close()
+            self.resting[entry.name] = time.time() + FAULT_REST_S
             return 0
         finally:
             self.queue.serve(self.me, None)
@@ -205,6 +219,8 @@ class QueueWorker:
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
             return False
+        if entry.name in self.visits:  # the sweep is done: what its visits kept goes
+            self.visits.pop(entry.name).close()
         note = str((self._out(entry) / "summary.json").resolve())
         self.queue.move(entry.name, ("finishing",), state="finished", ended_at=time.time(), note=note)
         best = summary.get("best") or {}
