@@ -11,7 +11,10 @@ from typing import Any
 from sweeper.errors import UserError
 from sweeper.search.optuna.ledger import Ledger, studies
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue.table import DEVICES, Entry, Queue
+from sweeper.search.queue.table import DEVICES, LIVE_S, Entry, Queue
+from sweeper.trial.states import TrialState
+
+DONE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAILED)  # trials that count as done
 
 
 def default_owner() -> str:
@@ -75,7 +78,7 @@ def listing(url: str) -> list[dict[str, Any]]:
     try:
         entries, spent = queue.entries(), queue.spent()
         serving: dict[str, int] = {}
-        for w in queue.workers(live_within_s=60):
+        for w in queue.workers(LIVE_S):
             if w["serving"]:
                 serving[w["serving"]] = serving.get(w["serving"], 0) + 1
     finally:
@@ -85,7 +88,7 @@ def listing(url: str) -> list[dict[str, Any]]:
     for e in entries:
         info = report(url, e.name) if e.name in known else None
         counts = info["counts"] if info else {}
-        done = sum(n for state, n in counts.items() if state in ("complete", "pruned", "failed"))
+        done = sum(n for state, n in counts.items() if state in DONE)  # an interrupted attempt is retried
         budget = e.spec["search"].get("budget")
         rows.append(
             {

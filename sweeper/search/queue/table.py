@@ -33,6 +33,7 @@ _RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process 
 STATES = ("queued", "running", "finishing", "finished", "failed", "cancelled")
 OPEN = ("queued", "running")  # states whose sweeps take new trials
 DEVICES = ("any", "cpu", "cuda")  # what a sweep may require of a worker's device
+LIVE_S = 30.0  # a worker not seen for this long is gone: its devices leave its owner's quota
 
 METADATA = sa.MetaData()
 QUEUE = sa.Table(

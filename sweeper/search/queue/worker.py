@@ -32,11 +32,10 @@ from sweeper.errors import SweepStopped, UserError
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
 from sweeper.search.queue.policy import Pool, ahead_by, choose, preempted_for
-from sweeper.search.queue.table import OPEN, Entry, Offer, Queue
+from sweeper.search.queue.table import LIVE_S, OPEN, Entry, Offer, Queue
 from sweeper.spec import SweepSpec
 
 HEARTBEAT_S = 5.0  # how often a worker renews its row
-LIVE_S = 30.0  # a worker not seen for this long is gone: its devices leave its owner's quota
 POLL_S = 1.0  # how often an idle worker looks at the queue again
 REST_S = 5.0  # a sweep left with nothing to claim is not entered again by this worker for this long
 FAULT_REST_S = 30.0  # a sweep whose visit failed unexpectedly is not visited again by this worker for this long
