@@ -7,8 +7,9 @@
 4. Among equal priorities, fair share: the owner whose open sweeps have used the least device
    time per unit of weight (their ledgers' spent device-seconds), then the one fewer workers
    serve now; within an owner, its sweeps in the order submitted. A worker serving one owner
-   leaves for another once its owner is ahead by more than the trial it just trained
-   (``ahead_by``): fair within a trial, without a switch of sweeps after every trial.
+   leaves for another once its owner is ahead (``ahead_by``) by more than half the device time
+   of the trials it just trained (a switch then narrows the gap): the owners stay within about
+   one batch of trials, without a switch of sweeps after every trial.
 
 Preemption (``preempted_for``): a sweep of higher priority that no worker serves, and no idle
 worker could, takes the device of the worker serving the lowest priority among those that could

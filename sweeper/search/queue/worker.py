@@ -134,7 +134,9 @@ class QueueWorker:
         self.served += 1
         # why run_sweep returned early: "other" (a sweep before it) or "wait"
         left: dict[str, str | None] = {"for": None}
-        claimed_at = [time.monotonic()]  # the last claim here: the time since is the trial just trained
+        # the device-seconds the sweep's ledger had at the last claim here, and what its last
+        # trials added (the unit a fair-share switch is weighed in; kept while nothing new ended)
+        trained = {"spent": -1.0, "unit": 0.0}
 
         def elsewhere(waiting: bool) -> bool:
             if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
@@ -145,14 +147,18 @@ class QueueWorker:
             if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
                 left["for"] = "other"
                 return True
-            trained_s, claimed_at[0] = time.monotonic() - claimed_at[0], time.monotonic()
             pool = self._pool()
+            spent = pool.spent.get(entry.name, 0.0)
+            if trained["spent"] >= 0.0 and spent > trained["spent"]:
+                trained["unit"] = spent - trained["spent"]
+            trained["spent"] = spent
             pick = choose(pool, self.offer, self.me, self._resting())
             if pick is None or pick.name == entry.name:
                 return False
-            # another owner comes first on fair share: left once this owner is ahead by more than the
-            # trial just trained (not after every trial: a visit costs joining the other sweep)
-            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner) > trained_s:
+            # another owner comes first on fair share: left once this owner is ahead by more than half
+            # the trials just trained, where the switch narrows the gap (|ahead - unit| < ahead); so
+            # the owners stay within about one such unit, without a switch after every trial
+            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner) > trained["unit"] / 2:
                 left["for"] = "other"
                 return True
             return False  # another sweep of the same owner and priority: this one goes on (no switch)
