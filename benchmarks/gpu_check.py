@@ -21,6 +21,9 @@ Each check records its numbers or its error; one failing check does not stop the
 - export_on_cpu: a checkpoint trained on the GPU exported by a process that sees no GPU
 - ray_fraction: a Ray sweep of 2 trials with search.resources.gpu 0.5 (both on the GPU at once;
   --cpu: `sweeper validate` of that spec only)
+- ranks: the sweep with train.devices=2 (DDP over NCCL, SyncBatchNorm) against train.devices=1:
+  each trial's samples/s and state (skipped, with the reason, where fewer than 2 GPUs are
+  visible; --cpu: 2 gloo ranks on the CPU)
 - fused: digits.yaml through the CLI, end to end (start-up, orchestration, MLflow on sqlite): N trials
   fused (search.fuse) at N = 256 and 1024 vs the same sweep solo, trials per hour (goals: >= 50x,
   >= 100,000 trials per H200-hour); and an airbench-sized CNN (cnn, 64 channels, 3 blocks) on
@@ -398,6 +401,32 @@ def check_ray_fraction(root: Path, small: bool) -> dict[str, Any]:
         return {"trials": trials(cli(Path(tmp), *args))}
 
 
+def check_ranks(root: Path, small: bool) -> dict[str, Any]:
+    """One trial of the sweep on 1 device and on 2 (train.devices: DDP, one process per device):
+    samples/s per epoch of each, their states, the 2-device trial's best val_acc beside the 1's."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    if not small and visible < 2:
+        return {"skipped": f"needs 2 CUDA devices; {visible} visible"}
+    out: dict[str, Any] = {"visible_devices": visible}
+    for n in (1, 2):
+        args = [*sweep_args(root, small), "tracking.enabled=false", "search.n_trials=1", "export.formats=[]"]
+        args += [f"train.devices={n}", *(["train.device=cpu"] if small else [])]
+        args += ["train.sync_batchnorm=true"] if n > 1 and not small else []
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = cli(Path(tmp), *args)
+        (trial,) = summary["trials"]
+        out[f"devices_{n}"] = {
+            **trials(summary)[0],
+            "val_acc": max(h["val_acc"] for h in trial["history"]),
+            "wall_s": round(summary["wall_s"], 1),
+        }
+    one, two = out["devices_1"]["samples_per_s"][-1], out["devices_2"]["samples_per_s"][-1]
+    out["speedup_last_epoch"] = round(two / one, 2) if one else None
+    return out
+
+
 def check_fused(root: Path, device: str, small: bool) -> dict[str, Any]:
     """Fused trials: digits sweeps through the CLI (solo vs fused, trials per hour end to end),
     then the airbench-sized CNN at N = 8 with the fused engine alone vs one trial after another."""
@@ -538,6 +567,7 @@ def main() -> None:
             "export_on_cpu": lambda: check_export_on_cpu(Path(data), Path(work), small),
             "ray_fraction": lambda: check_ray_fraction(Path(data), small),
             "fused": lambda: check_fused(Path(data), device, small),
+            "ranks": lambda: check_ranks(Path(data), small),
         }
         chosen = [a for a in sys.argv[1:] if a != "--cpu"]  # `gpu_check.py throughput,compile`: these only
         wanted = set(chosen[-1].split(",")) if chosen else set(checks)

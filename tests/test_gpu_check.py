@@ -19,7 +19,7 @@ CPU_FUSED = (4, 8)  # benchmarks/gpu_check.py's CPU_FUSED: the digits sweeps' si
 GROUPS = (
     ("sweep", "export_on_cpu", "deterministic"),
     ("two_workers", "ray_fraction", "sync_audit", "throughput", "compile", "resumed_adamw"),
-    ("fused",),
+    ("fused", "ranks"),
 )
 
 
@@ -55,6 +55,10 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(workdir, group):
         assert report["compile"]["compiled_images_per_s"] > 0 and report["compile"]["backend"] == "aot_eager"
         assert report["resumed_adamw"]["step_counter_device"] == "cpu"
         assert report["ray_fraction"]["validate_exit"] == 0, report["ray_fraction"]  # the GPU run's Ray spec
+    if "ranks" in group:  # 2 gloo ranks on the CPU, through the CLI
+        ranks = report["ranks"]
+        assert ranks["devices_1"]["state"] == ranks["devices_2"]["state"] == "complete", ranks
+        assert ranks["devices_2"]["device"] == "cpu" and ranks["speedup_last_epoch"] > 0
     if "fused" in group:
         # digits through the CLI: every trial of each fused sweep trained, one model per architecture
         fused = report["fused"]

@@ -77,8 +77,10 @@ def breaker(spec: SweepSpec, records: list[TrialRecord], left: int | None) -> Sw
 def oom_retry(trial_spec: SweepSpec, attempt: int) -> int | None:
     """The ``train.accumulate`` of the next attempt of a trial (its spec, values applied) that ran
     out of memory on its ``attempt``-th attempt (1-based), or None when no retry is left:
-    ``search.max_retries`` spent, or micro-batches of one sample already."""
-    doubled = trial_spec.train.accumulate * 2
-    if attempt > trial_spec.search.max_retries or doubled > trial_spec.train.batch_size:
+    ``search.max_retries`` spent, or micro-batches of one sample already (on each rank: a DDP
+    rank's batch is its share of train.batch_size)."""
+    train = trial_spec.train
+    doubled = train.accumulate * 2
+    if attempt > trial_spec.search.max_retries or doubled > train.batch_size // train.devices:
         return None
     return doubled

@@ -40,6 +40,7 @@ MAX_BATCH = 1 << 24  # samples per batch (16.8 M): a batch also has to fit in th
 MAX_TRIALS = 1_000_000  # trials of a sweep: each is a row set in the study and an MLflow run
 MAX_PROCESSES = 1024  # worker processes or torch threads on one machine
 MAX_SECONDS = 366 * 24 * 3600  # a year, in seconds: longer is a unit slip (ms, minutes)
+MAX_DEVICES = 1024  # DDP ranks of one trial
 MAX_FUSED = 10_000  # trials in one fused model: at most a proposed batch (search.batch_size)
 MAX_DEVICE_HOURS = MAX_PROCESSES * MAX_SECONDS / 3600  # 1024 devices for a year (9.0 M): more is a unit slip
 
@@ -66,11 +67,33 @@ class TrainSpec(_Strict):
     max_trial_seconds: float | None = Field(
         default=None, gt=0, le=MAX_SECONDS, description="seconds a trial may run before it is stopped as failed"
     )
+    # Processes per trial, one per device, under DistributedDataParallel (NCCL on CUDA, gloo on
+    # the CPU): batch_size is the global batch, split evenly across them (trial/ddp.py)
+    devices: int = Field(default=1, ge=1, le=MAX_DEVICES, description="devices (DDP ranks) per trial")
+    # BatchNorm layers as SyncBatchNorm: batch statistics over the global batch (CUDA ranks only)
+    sync_batchnorm: bool = False
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSpec:
         if self.accumulate > self.batch_size:
             raise ValueError(f"accumulate ({self.accumulate}) cannot exceed batch_size ({self.batch_size})")
+        if self.batch_size % self.devices:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) is the global batch of {self.devices} devices: it must "
+                f"divide evenly among them (a multiple of {self.devices})"
+            )
+        if self.accumulate > self.batch_size // self.devices:
+            raise ValueError(
+                f"accumulate ({self.accumulate}) cannot exceed a device's share of the batch "
+                f"({self.batch_size} / {self.devices} devices = {self.batch_size // self.devices})"
+            )
+        if self.sync_batchnorm and self.devices == 1:
+            raise ValueError("sync_batchnorm synchronises batch statistics across devices; train.devices is 1")
+        if self.sync_batchnorm and self.device == "cpu":
+            raise ValueError(
+                "sync_batchnorm needs CUDA ranks (PyTorch's SyncBatchNorm does not run on the CPU); "
+                "train.device is 'cpu': leave sync_batchnorm off"
+            )
         return self
 
 
@@ -142,8 +165,9 @@ class ResourcesSpec(_Strict):
     """What one trial reserves on a Ray node (backend ray)."""
 
     cpu: float = Field(default=1, gt=0, description="CPU cores per trial; torch uses max(1, int(cpu)) threads")
-    # Unset: 1 when the Ray cluster has GPUs, else 0. A trial that reserves no GPU sees none (Ray
-    # hides them), so a default of 0 would train every trial on the CPU of a GPU machine.
+    # Unset: 1 (train.devices) when the Ray cluster has GPUs, else 0. A trial that reserves no GPU
+    # sees none (Ray hides them), so a default of 0 would train every trial on the CPU of a GPU
+    # machine. A trial's DDP ranks run inside what it reserves (trial/launch.py).
     gpu: float | None = Field(
         default=None,
         ge=0,
@@ -589,6 +613,39 @@ class SweepSpec(_Strict):
             raise ValueError(
                 "search.budget is counted in the optuna backend's ledger; with search.backend: ray "
                 "use search.timeout or n_trials, or use backend optuna"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ranks(self) -> SweepSpec:
+        devices, search = self.train.devices, self.search
+        if devices == 1:
+            return self
+        if isinstance(search.fuse, int) and search.fuse > 1:
+            raise ValueError(
+                f"search.fuse: {search.fuse} trains trials as one model on one device; train.devices: "
+                f"{devices} trains each trial on {devices}: set search.fuse: off (or auto)"
+            )
+        batch = search.space.get("train.batch_size")
+        sizes = (
+            batch.choices
+            if isinstance(batch, sp.CategoricalParam)
+            else [batch.low, batch.step]
+            if isinstance(batch, sp.IntParam) and not batch.log
+            else [batch.low, 1]
+            if batch is not None
+            else []
+        )
+        gpu = search.resources.gpu
+        if search.backend == "ray" and gpu is not None and 0 < gpu < devices:
+            raise ValueError(
+                f"train.devices: {devices} runs each trial's {devices} ranks on the GPUs it reserves; "
+                f"search.resources.gpu is {gpu:g}: reserve {devices} (or leave it unset)"
+            )
+        if any(not isinstance(v, int) or v % devices for v in sizes):
+            raise ValueError(
+                f"search.space train.batch_size must sample multiples of train.devices ({devices}): "
+                f"each trial's global batch is split evenly across its devices"
             )
         return self
 

@@ -350,7 +350,7 @@ def notes(spec: SweepSpec, machine: Facts) -> list[str]:
 def _fuse_notes(spec: SweepSpec, machine: Facts) -> list[str]:
     search = spec.search
     fuse = search.fuse
-    if fuse == "off" or (fuse == "auto" and not machine.cuda):
+    if fuse == "off" or (fuse == "auto" and not machine.cuda) or spec.train.devices > 1:
         return []
     size = search.fuse_size(machine.cuda)
     if size <= 1:

@@ -21,6 +21,7 @@ from sweeper.spec import SweepSpec
 from sweeper.trial import loading, speed
 from sweeper.trial.batching import steps_per_epoch
 from sweeper.trial.checkpoint import Resume
+from sweeper.trial.ddp import Ranks
 from sweeper.trial.seeding import derive, seed_everything
 from sweeper.trial.trainer import OnEpochEnd, Report, fit
 
@@ -220,11 +221,13 @@ def run_trial(
     resume: Resume | None = None,
     on_epoch_end: OnEpochEnd | None = None,
     cache: ProcessCache | None = None,
+    ranks: Ranks | None = None,
 ) -> TrainedTrial:
     """Build and train; ``info`` (if given) receives the data fingerprint; ``before_fit`` runs on
     the built parts just before training (e.g. an LR range test); ``resume`` and ``on_epoch_end``
     go to the trainer (continue from a saved state; hand out the state after each epoch);
-    ``cache``: the process's data set and compiled forwards, kept for its next trials."""
+    ``cache``: the process's data set and compiled forwards, kept for its next trials.
+    ``ranks``: this process is one of a DDP trial's (trial/ddp.py)."""
     parts = build(config, device, cache)
     if info is not None:
         info.update(parts.data_info())
@@ -243,6 +246,7 @@ def run_trial(
         compiled=cache.compiled if cache is not None else None,
         task=parts.task,
         loading=config.spec.data,
+        ranks=ranks,
     )
     return TrainedTrial(history, parts.model, parts.optimizer, parts.scheduler, parts.data, parts.task)
 

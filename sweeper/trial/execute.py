@@ -8,23 +8,23 @@ import gc
 import platform
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sweeper.errors import TrialFailed, TrialPreempted, TrialPruned
-from sweeper.trial import checkpoint, footprint, fused
+from sweeper.trial import checkpoint, footprint, fused, launch
 from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
+from sweeper.trial.ddp import Ranks
+from sweeper.trial.outcome import Decide, Outcome, devices_used
 from sweeper.trial.seeding import configure_torch
 from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import TimeLimit, TrialTimedOut, timed_out_reason
 from sweeper.trial.trainer import resolve_device
 
-# decide(number, epoch, metrics) -> True to stop (prune) the trial now
-Decide = Callable[[int, int, dict[str, float]], bool]
+__all__ = ["Decide", "Outcome", "devices_used", "execute", "execute_group", "release_device_memory", "saves_state"]
+
 OOM = FailureKind.OUT_OF_MEMORY.value  # the reason's prefix of a trial out of device memory (its failure says so)
 # What CUDA reports once a kernel has faulted: the process's CUDA context is unusable from then on
 # (every later call fails), so the process that ran the trial must not run another.
@@ -38,22 +38,6 @@ CONTEXT_LOST = (
 )
 
 
-@dataclass
-class Outcome:
-    number: int
-    state: TrialState  # complete, pruned, failed; interrupted: its worker process died (the pool says so)
-    history: list[dict[str, float]] = field(default_factory=list)
-    reason: str | None = None
-    error: str | None = None  # traceback, for the trial's MLflow run
-    info: dict[str, Any] = field(default_factory=dict)  # device, data fingerprint, versions, seconds
-    failure: FailureKind | None = None  # why it failed, when the search answers it (a retry, a new worker)
-
-    @property
-    def context_lost(self) -> bool:
-        """Its process's CUDA context failed: the process must be replaced."""
-        return self.failure == FailureKind.LOST_CONTEXT
-
-
 def saves_state(config: TrialConfig, epoch: int) -> bool:
     """True if the trial's training state is saved to ``config.checkpoint`` after this epoch."""
     return bool(config.checkpoint) and bool(config.checkpoint_every) and epoch % config.checkpoint_every == 0
@@ -64,9 +48,20 @@ def reason_of(exc: BaseException) -> str:
     return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
 
 
-def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: ProcessCache | None = None) -> Outcome:
+def execute(
+    config: TrialConfig,
+    decide: Decide,
+    worker_index: int = 0,
+    cache: ProcessCache | None = None,
+    ranks: Ranks | None = None,
+) -> Outcome:
     """Train ``config`` on its device; save its final training state to ``config.checkpoint``.
-    ``cache``: the process's data set and compiled forwards, kept for its next trials."""
+    ``cache``: the process's data set and compiled forwards, kept for its next trials. A trial
+    of ``train.devices`` > 1 runs as that many processes (trial/launch.py), each of which calls
+    this with its ``ranks``: rank 0 saves the states and its Outcome is the trial's."""
+    if config.spec.train.devices > 1 and ranks is None:
+        return launch.launch(config, decide, worker_index)
+    main = ranks is None or ranks.main
     out = Outcome(config.number, TrialState.FAILED)
     started = time.perf_counter()
     extra = {"trial": config.number, "params": config.params}
@@ -75,7 +70,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
 
     def on_epoch_end(state: checkpoint.State) -> None:
         last["state"] = state
-        if config.checkpoint and saves_state(config, state["epoch"]):
+        if main and config.checkpoint and saves_state(config, state["epoch"]):
             with limit.shielded():  # a checkpoint is written whole (no temp file left behind)
                 checkpoint.save(Path(config.checkpoint), {**state, **extra})
             last["saved"] = state["epoch"]
@@ -92,7 +87,7 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
             train = config.spec.train
             if config.threads is not None:
                 configure_torch(threads=config.threads, deterministic=train.deterministic)
-            device = resolve_device(train.device, worker_index)
+            device = ranks.device if ranks is not None else resolve_device(train.device, worker_index)
             out.info = {
                 "device": str(device),
                 "device_name": _device_name(device),
@@ -107,16 +102,19 @@ def execute(config: TrialConfig, decide: Decide, worker_index: int = 0, cache: P
                 resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
                 out.history = [dict(h) for h in resume.state["history"]]
                 last["state"] = resume.state
-            trained = run_trial(config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache)
-            out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
-            if config.checkpoint and last.get("saved") != last["state"]["epoch"]:
+            trained = run_trial(
+                config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache, ranks=ranks
+            )
+            if main:
+                out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
+            if main and config.checkpoint and last.get("saved") != last["state"]["epoch"]:
                 checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
             out.state = TrialState.COMPLETE
     except TrialPruned as exc:
         out.state, out.reason = TrialState.PRUNED, str(exc)
     except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later
         state = last.get("state")
-        if config.checkpoint and state is not None and last.get("saved") != state["epoch"]:
+        if main and config.checkpoint and state is not None and last.get("saved") != state["epoch"]:
             checkpoint.save(Path(config.checkpoint), {**state, **extra})
         out.state, out.reason, out.failure = TrialState.INTERRUPTED, str(exc), FailureKind.PREEMPTED
         out.info["resume"] = config.checkpoint if state is not None else None
@@ -227,12 +225,6 @@ def execute_group(
             **({"footprint": sizes[number]} if number in sizes else {}),
         }
     return [outs[c.number] for c in configs]
-
-
-def devices_used(device: str, threads: int) -> int:
-    """The devices a trial holds while it runs, as search.budget counts them: its GPU on CUDA
-    (one per worker), else its torch threads (CPU cores)."""
-    return 1 if device.startswith("cuda") else threads
 
 
 def release_device_memory() -> None:

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import DataSpec
+from sweeper.trial.ddp import Ranks
 
 # Offsets from the trial seed of the loaders' own generators (the trainer uses seed for the
 # batch order and seed + 1 for augmentation): never reuse one, recorded runs would change.
@@ -158,8 +159,8 @@ class EpochOrder(Sampler[list[int]]):
     """Batches of indices for one epoch per iteration: a permutation drawn from ``generator`` (the
     trial's order generator, on the CPU), cut into full batches, as trial/batching.py cuts it."""
 
-    def __init__(self, n: int, batch_size: int, generator: torch.Generator) -> None:
-        self.n, self.batch_size, self.generator = n, batch_size, generator
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator, ranks: Ranks | None = None) -> None:
+        self.n, self.batch_size, self.generator, self.ranks = n, batch_size, generator, ranks
 
     def __len__(self) -> int:
         return self.n // self.batch_size  # the last incomplete batch is dropped (BatchNorm-safe)
@@ -167,7 +168,9 @@ class EpochOrder(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         order = torch.randperm(self.n, generator=self.generator)
         for step in range(len(self)):
-            yield order[step * self.batch_size : (step + 1) * self.batch_size].tolist()
+            batch = order[step * self.batch_size : (step + 1) * self.batch_size]
+            # a DDP rank reads its share of the global batch (trial/ddp.py)
+            yield (batch if self.ranks is None else self.ranks.shard(batch)).tolist()
 
 
 def seed_worker(worker_id: int) -> None:
@@ -193,6 +196,7 @@ class TrialLoaders:
         order: torch.Generator,
         seed: int,
         device: torch.device,
+        ranks: Ranks | None = None,
     ) -> None:
         self.data, self.settings, self.device = data, settings, device
         # the train loader's worker seeds: part of the training state (checkpoints save it)
@@ -209,7 +213,7 @@ class TrialLoaders:
             options["prefetch_factor"] = settings.prefetch_factor
         self.train = DataLoader(
             data.train,
-            batch_sampler=EpochOrder(len(data.train_y), batch_size, order),
+            batch_sampler=EpochOrder(len(data.train_y), batch_size, order, ranks),
             generator=self.worker_gen,
             **options,
         )

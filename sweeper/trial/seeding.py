@@ -26,6 +26,7 @@ STREAMS = {
     "sampler": 2,  # index: first trial number of a proposed batch -> the search algorithm
     "data": 3,  # index 0 -> the data set plugin's split (the same for every trial)
     "sweep": 4,  # index 0 -> sweep-wide draws: LR range test, Ray's generator, PBT's exploits
+    "rank": 5,  # from a trial's seed, index rank * 2**20 + epoch -> a DDP rank's dropout (trial/ddp.py)
 }
 
 

@@ -19,6 +19,7 @@ from sweeper.pluginhost import registry
 from sweeper.spec import DataSpec, TrainSpec
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
+from sweeper.trial.ddp import Ranks, marked_last, no_sync
 from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, forward
 
 Report = Callable[[int, dict[str, float]], None]
@@ -85,16 +86,18 @@ class Stepper:
         transform = data.train_transform if isinstance(data, DataSplits) else None
         loss_sum = torch.zeros((), device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in self._micro_batches(batch):  # accumulate: same math, less memory
+        for micro, last in marked_last(list(self._micro_batches(batch))):  # accumulate: same math, less memory
             x, y = micro.x, micro.y
             if transform is not None:
                 x = transform(x, self.augment_gen)
             x = speed.as_input(data.inputs(x), self.channels_last)
-            with autocast(self.device, self.dtype):
-                out = forward(self.model, x, micro.mask)
-                loss = self.task.loss(out, y)
-            # weight each micro-batch by its share so the sum is the full batch's mean loss
-            self.scaler.scale(loss * (len(y) / len(batch))).backward()
+            # weight each micro-batch by its share so the sum is the full batch's mean loss (a DDP
+            # rank's batch is its share of the global one: DDP averages the ranks' gradients)
+            with no_sync(self.model, last):
+                with autocast(self.device, self.dtype):
+                    out = forward(self.model, x, micro.mask)
+                    loss = self.task.loss(out, y)
+                self.scaler.scale(loss * (len(y) / len(batch))).backward()
             loss_sum += loss.detach().float() * len(y)
             if meter is not None:
                 meter.update(out.detach(), y)
@@ -132,17 +135,22 @@ def fit(
     compiled: speed.CompiledForwards | None = None,
     task: FittedTask | None = None,
     loading: DataSpec | None = None,
+    ranks: Ranks | None = None,
 ) -> list[dict[str, float]]:
     """Train up to ``train.epochs`` epochs, from ``resume``'s epoch + 1 if given; returns the
     per-epoch metrics of every epoch, resumed ones included (those trained here also go to ``report``).
     ``compiled``: the process's compiled forwards (train.compile), reused by its later trials.
     ``task``: the loss and metrics (default: classification). ``loading``: the DataLoader
-    options when ``data`` is DatasetSplits (default: the spec's defaults)."""
+    options when ``data`` is DatasetSplits (default: the spec's defaults). ``ranks``: this
+    process is one of a DDP trial's (trial/ddp.py): it trains its share of each batch."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
     if train.compile:
         net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
     else:
         net = model
+    evaluated = net  # rank 0 evaluates with the plain (or compiled) module, outside DDP
+    if ranks is not None:
+        net = ranks.wrap(net, train.sync_batchnorm)
     stepper = Stepper(net, optimizer, data, train, seed, task)
     device = stepper.device
     order_gen = torch.Generator().manual_seed(seed)  # batch order
@@ -158,11 +166,13 @@ def fit(
             order=order_gen,
             seed=seed,
             device=device,
+            ranks=ranks,
         )
         generators["loader_workers"] = loaders.worker_gen
     try:
         return _fit_epochs(
             net,
+            evaluated,
             model,
             optimizer,
             scheduler,
@@ -175,6 +185,8 @@ def fit(
             report=report,
             resume=resume,
             on_epoch_end=on_epoch_end,
+            seed=seed,
+            ranks=ranks,
         )
     finally:
         if loaders is not None:
@@ -183,6 +195,7 @@ def fit(
 
 def _fit_epochs(
     net: nn.Module,
+    evaluated: nn.Module,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
@@ -196,9 +209,12 @@ def _fit_epochs(
     report: Report,
     resume: checkpoint.Resume | None,
     on_epoch_end: OnEpochEnd | None,
+    seed: int,
+    ranks: Ranks | None,
 ) -> list[dict[str, float]]:
-    """fit's epochs: ``net`` trains (``model`` itself, or its compiled forward); the batches come
-    from ``loaders`` (the DataLoader path) or by index from the whole-tensor splits."""
+    """fit's epochs: ``net`` trains (``model`` itself, or its compiled forward; under DDP with
+    ``ranks``), ``evaluated`` is evaluated; the batches come from ``loaders`` (the DataLoader
+    path) or by index from the whole-tensor splits."""
     device = stepper.device
     per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     history: list[dict[str, float]] = []
@@ -213,6 +229,8 @@ def _fit_epochs(
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
+        if ranks is not None:
+            ranks.reseed(seed, epoch)
         net.train()
         loss_sum = torch.zeros((), device=device)
         meter = stepper.task.meter("train")
@@ -224,6 +242,8 @@ def _fit_epochs(
         else:
             assert isinstance(data, DataSplits)
             batches = train_batches(data, train.batch_size, order_gen)
+            if ranks is not None:
+                batches = map(ranks.shard, batches)
         for batch in batches:
             batch_loss, norm = stepper.step(batch, meter)
             if scheduler is not None and not per_epoch_scheduler:
@@ -234,15 +254,27 @@ def _fit_epochs(
             steps += 1
             if (device.type == "cpu" or steps % FINITE_CHECK_EVERY == 0) and not torch.isfinite(loss_sum):
                 raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
+        if ranks is not None:  # every rank's samples; the gradient norm is the same on each (reduced grads)
+            sums = torch.tensor([0.0, float(seen)], dtype=torch.float64, device=device)
+            sums[0] = loss_sum
+            loss_sum, total = ranks.sum(sums)
+            seen = round(total.item())
         train_loss = loss_sum.item() / seen
         if not math.isfinite(train_loss):
             raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        val = evaluate(net, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
+        if ranks is None:
+            val = evaluate(evaluated, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
+        else:  # rank 0 evaluates the whole split (exact, as one device does); the others wait for it
+            val = ranks.share(
+                evaluate(evaluated, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
+                if ranks.main
+                else None
+            )
         if per_epoch_scheduler:
             scheduler.step(val["val_loss"])
         metrics = epoch_metrics(
             train_loss=train_loss,
-            train=meter.compute(),
+            train=meter.compute() if ranks is None else ranks.mean(meter.compute()),
             seen=seen,
             val=val,
             lr=optimizer.param_groups[0]["lr"],

@@ -59,7 +59,7 @@ class Coordinator:
         self.spec, self.study, self.ledger = spec, study, ledger
         # trials per fused model (1: none fused)
         cuda = spec.train.device != "cpu" and torch.cuda.is_available()
-        fuse = spec.search.fuse_size(cuda=cuda)
+        fuse = spec.search.fuse_size(cuda=cuda) if spec.train.devices == 1 else 1  # a DDP trial trains alone
         self.device_unit = "GPU-hours" if cuda else "core-hours"  # what search.budget counts here
         self.observer = ctx.observer
         self.budget = Budget(spec, study, ctx.role)

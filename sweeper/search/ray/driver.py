@@ -306,8 +306,8 @@ def _fit(spec: SweepSpec, ctx: SearchContext, state: TuneRun, addr: str | None) 
         checkpoint_every(spec),
     )
     gpu = spec.search.resources.gpu
-    if gpu is None:  # unset: one GPU per trial where the cluster has GPUs (see ResourcesSpec)
-        gpu = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    if gpu is None:  # unset: one GPU per rank of a trial where the cluster has GPUs (see ResourcesSpec)
+        gpu = spec.train.devices if ray.cluster_resources().get("GPU", 0) > 0 else 0
     resources = {"cpu": spec.search.resources.cpu, "gpu": gpu}
     fn = tune.with_resources(tune.with_parameters(trainable, context=context), resources)
     searcher, space = make_searcher(spec)
