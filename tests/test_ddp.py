@@ -106,6 +106,27 @@ def test_a_rank_killed_mid_epoch_fails_its_trial_and_the_sweep_goes_on(workdir: 
     with pytest.raises(ProcessLookupError):  # every rank of the lost attempt was reaped
         os.kill(rank, 0)
 
+    # the same table from a clean run with 2 workers (each training 2-rank trials): the retried
+    # trial trained from scratch as it would have, bitwise
+    sweeper("run", str(spec), "search.parallel=2", "--out", str(workdir / "clean"), check=True)
+    clean = json.loads((workdir / "clean" / "summary.json").read_text())
+
+    def table(trials: list[dict]) -> dict[str, list[dict]]:  # by params (a retry has a number of its own)
+        return {json.dumps(t["params"]): learned(t["history"]) for t in trials if t["state"] == "complete"}
+
+    assert table(clean["trials"]) == table(summary["trials"])
+
+
+def test_a_rank_that_raises_fails_its_trial_with_its_reason(gate: Path):
+    # the first rank to build its schedule raises at the first step of epoch 2; its peer, blocked
+    # in the step's all-reduce, is killed by the launcher
+    gated = config("train.devices=2", "schedule.plugin=gate", f"schedule.args={{folder: {gate}, epoch: 2, fail: true}}")
+    out = execute(replace(gated, spec=gated.spec.with_values({"train.epochs": 3})), NEVER)
+    assert out.state == TrialState.FAILED and out.failure is None, out.reason  # its own fault: not retried
+    assert "the gate fails here on purpose" in out.reason and len(out.history) == 1
+    # rank 0's own failure as it is; another rank's named
+    assert out.reason.startswith(("RuntimeError", "rank 1: RuntimeError")), out.reason
+
 
 def test_rank_settings_are_checked_before_any_compute(workdir: Path):
     base = {"tracking": {"enabled": False}}

@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 from raycluster import LoopbackCluster
 
 
-def ray_spec(path: Path, experiment: str, **search: object) -> Path:
-    """smoke.yaml on the Ray backend: 2 epochs, ASHA, one CPU per trial."""
+def ray_spec(path: Path, experiment: str, train: dict | None = None, **search: object) -> Path:
+    """smoke.yaml on the Ray backend: 2 epochs, ASHA, one CPU per trial (``train``: more settings)."""
     base = {
         "backend": "ray",
         "sampler": "tpe",
@@ -33,12 +33,16 @@ def ray_spec(path: Path, experiment: str, **search: object) -> Path:
         },
     }
     return write_spec(
-        path, train={"epochs": 2, "batch_size": 32}, tracking={"experiment": experiment}, search={**base, **search}
+        path,
+        train={"epochs": 2, "batch_size": 32, **(train or {})},
+        tracking={"experiment": experiment},
+        search={**base, **search},
     )
 
 
-def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
-    spec = ray_spec(workdir / "s.yaml", "ray-local")
+def test_local_ray_sweep_with_asha_of_two_rank_trials(workdir: Path, mlflow_uri: str):
+    # each trial runs as 2 DDP ranks (gloo) inside its Ray actor's resources (trial/launch.py)
+    spec = ray_spec(workdir / "s.yaml", "ray-local", train={"devices": 2})
     sweeper("run", str(spec), "--out", "out", "-q", check=True, process=True)
     summary = json.loads((workdir / "out" / "summary.json").read_text())
 
@@ -73,6 +77,8 @@ def test_local_ray_sweep_with_asha(workdir: Path, mlflow_uri: str):
         assert run.info.status == "FINISHED"
         assert run.data.tags["sweeper.state"] == t["state"] and run.data.tags["sweeper.trial"] == str(t["number"])
         assert run.data.tags["sweeper.ray_node_id"] == t["node_id"]
+        if t["state"] == "complete":  # closed by its actor with the launcher's info (a stopped one by the driver)
+            assert run.data.tags["sweeper.ranks"] == "2"
         history = client.get_metric_history(run.info.run_id, "val_acc")
         assert [m.value for m in sorted(history, key=lambda m: m.step)] == [h["val_acc"] for h in t["history"]]
         assert "trial.json" in {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -261,7 +261,8 @@ class ProcessPool:
             threads = task[0].threads or 1  # the coordinator sets every trial's threads
             reason = timed_out_reason(limit_s, ran_s, "its worker process killed")
             for config in task:
-                info = {"seconds": ran_s, "device_seconds": ran_s * devices_used(device, threads) / len(task)}
+                held = devices_used(device, threads, train.devices)
+                info = {"seconds": ran_s, "device_seconds": ran_s * held / len(task)}
                 history = self.epochs.pop(config.number, [])
                 yield Outcome(
                     config.number, TrialState.FAILED, history, reason, failure=FailureKind.TIMED_OUT, info=info

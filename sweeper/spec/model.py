@@ -683,5 +683,7 @@ class SweepSpec(_Strict):
             workers = f"Ray Tune on {where}, {search.resources.cpu:g} CPU{gpu} per trial"
         else:
             workers = f"{search.parallel} worker(s)"
+        if self.train.devices > 1:
+            workers += f", {self.train.devices} devices (DDP ranks) per trial"
         budget = f", budget {search.budget.device_hours:g} device-hours" if search.budget else ""
         return f"{trials}, timeout {timeout}{budget}, {workers}, pruner {search.pruner.type}"

@@ -71,11 +71,11 @@ def launch(config: TrialConfig, decide: Decide, worker_index: int = 0) -> Outcom
         finally:
             gang.kill()
     seconds = time.perf_counter() - started
-    threads = int(out.info.get("threads", 1))  # each rank's torch threads (CPU ranks)
+    threads = int(out.info.get("threads", 1)) * n  # rank 0's torch threads: each CPU rank has as many
     out.info.update(
         ranks=n,
         seconds=seconds,
-        device_seconds=seconds * n * devices_used(str(out.info.get("device", "cpu")), threads),
+        device_seconds=seconds * devices_used(str(out.info.get("device", "cpu")), threads, n),
     )
     return out
 

@@ -31,7 +31,7 @@ class Outcome:
         return self.failure == FailureKind.LOST_CONTEXT
 
 
-def devices_used(device: str, threads: int) -> int:
-    """The devices a trial holds while it runs, as search.budget counts them: its GPU on CUDA
-    (one per worker), else its torch threads (CPU cores)."""
-    return 1 if device.startswith("cuda") else threads
+def devices_used(device: str, threads: int, ranks: int = 1) -> int:
+    """The devices a trial holds while it runs, as search.budget counts them: its GPUs on CUDA
+    (one per rank: train.devices), else its torch threads (CPU cores; all its ranks' together)."""
+    return ranks if device.startswith("cuda") else threads

@@ -4,6 +4,7 @@ processes: the build-<n> files), stops at the first optimizer step of epoch ``ep
 1..epoch-1 are reported by then), writes ``folder/blocked`` (its pid) and waits until
 ``folder/release`` exists. It blocks once per folder: a trial retried from its checkpoint, or a
 re-run, goes through; so does sweeper's dry build before the first trial, which is not counted.
+``fail``: raise there instead of waiting (one process of several fails: a DDP rank).
 Installed by the ``gate`` fixture (conftest.py) as an entry point."""
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def _claim(folder: Path, prefix: str = "build") -> int:
 
 
 class Gate(LambdaLR):
-    def __init__(self, optimizer, folder: str, block_at: int) -> None:
-        self.folder, self.block_at, self.calls, self.counting = folder, block_at, 0, False
+    def __init__(self, optimizer, folder: str, block_at: int, fail: bool = False) -> None:
+        self.folder, self.block_at, self.calls, self.counting, self.fail = folder, block_at, 0, False, fail
         super().__init__(optimizer, _constant)
         self.counting = True  # the constructor's own step() is not an optimizer step
 
@@ -55,13 +56,24 @@ class Gate(LambdaLR):
         except FileExistsError:
             return  # blocked once already
         blocked.write_text(str(os.getpid()))
+        if self.fail:
+            raise RuntimeError(f"the gate fails here on purpose (pid {os.getpid()}, rank {os.environ.get('RANK')})")
         while not release.exists():
             time.sleep(WAIT_POLL_S)
 
 
-def gate(optimizer, *, epochs: int, steps_per_epoch: int, folder: str = "gate", build: int = 1, epoch: int = 1) -> Gate:
+def gate(
+    optimizer,
+    *,
+    epochs: int,
+    steps_per_epoch: int,
+    folder: str = "gate",
+    build: int = 1,
+    epoch: int = 1,
+    fail: bool = False,
+) -> Gate:
     Path(folder).mkdir(parents=True, exist_ok=True)
     if in_dry_build():  # sweeper's dry build before the first trial is no trial: not counted, never blocked
         return Gate(optimizer, str(folder), 0)
     index = _claim(Path(folder))
-    return Gate(optimizer, str(folder), (epoch - 1) * steps_per_epoch + 1 if index == build else 0)
+    return Gate(optimizer, str(folder), (epoch - 1) * steps_per_epoch + 1 if index == build else 0, fail)
