@@ -105,6 +105,12 @@ def worker(
     memory_gb: float | None = typer.Option(
         None, "--memory-gb", help="with --queue: the device memory offered, GB [default: this machine's]"
     ),
+    devices: int | None = typer.Option(
+        None,
+        "--devices",
+        min=1,
+        help="with --queue: the GPUs offered (a sweep of train.devices N needs N) [default: the GPUs it sees]",
+    ),
     drain: bool = typer.Option(
         False, "--drain", help="with --queue: exit once no sweep it can serve is open (else: serve until interrupted)"
     ),
@@ -119,7 +125,7 @@ def worker(
     if queue is not None:
         if spec is not None or study is not None:
             raise UserError("--queue serves every sweep of the queue: give no spec and no --study")
-        _serve_queue(queue, out or Path("runs"), device, memory_gb, drain)
+        _serve_queue(queue, out or Path("runs"), device, memory_gb, devices, drain)
         return
     if (spec is None) == (study is None):
         raise UserError("give a spec, or --study URL (the sweep's spec is then read from that storage)")
@@ -142,16 +148,19 @@ def worker(
     typer.echo(f"worker done: sweep '{sweep.name}' has no trial left to claim (trials: {counts})")
 
 
-def _serve_queue(url: str, out_root: Path, device: str | None, memory_gb: float | None, drain: bool) -> None:
+def _serve_queue(
+    url: str, out_root: Path, device: str | None, memory_gb: float | None, devices: int | None, drain: bool
+) -> None:
     from sweeper.search.queue.table import Offer
     from sweeper.search.queue.worker import QueueWorker, detect_offer
 
     found = detect_offer()
     if device not in (None, "cpu", "cuda"):
         raise UserError(f"--device {device}: expected cpu or cuda")
-    offer = Offer(device or found.device, found.memory_gb if memory_gb is None else memory_gb)
+    offer = Offer(device or found.device, found.memory_gb if memory_gb is None else memory_gb, devices or found.devices)
     worker = QueueWorker(url, out_root, offer, typer.echo, drain)
-    typer.echo(f"worker {worker.me} serving the queue; offers {offer.device} with {offer.memory_gb:.0f} GB")
+    gpus = f"{offer.devices} x " if offer.devices > 1 else ""
+    typer.echo(f"worker {worker.me} serving the queue; offers {gpus}{offer.device} with {offer.memory_gb:.0f} GB")
     finished = worker.run()
     typer.echo(f"worker done: no open sweep it can serve ({worker.served} served, {finished} finished here)")
 

@@ -141,6 +141,7 @@ def test_rank_settings_are_checked_before_any_compute(workdir: Path):
         assert out.returncode == 2 and said in out.stderr, (overrides, out.stderr)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_two_cuda_ranks_train_with_nccl():
     out = execute(config("train.device=cuda", "train.devices=2", epochs=2), NEVER)

@@ -268,3 +268,55 @@ def test_database_roles_let_a_submitter_change_only_its_own_sweeps(
         with _admin() as conn:
             for name in role.values():
                 conn.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+def test_the_policy_counts_the_devices_of_trials_on_several():
+    # a sweep of train.devices 2: each of its trials holds 2 GPUs
+    wide, narrow = entry("wide", "alice", devices=2), entry("nn", "alice")
+    one_gpu, two_gpus = Offer("cuda", 80.0), Offer("cuda", 80.0, devices=2)
+    assert choose(Pool([wide], {}, {}), one_gpu, "me") is None
+    assert choose(Pool([wide], {}, {}), two_gpus, "me").name == "wide"
+    assert choose(Pool([wide], {}, {}), CPU, "me").name == "wide"  # gloo ranks share a CPU worker's cores
+    # alice's quota of 3 devices: 2 held by another worker's trial of `wide`, so 1 left
+    owners = {"alice": {"weight": 1, "max_devices": 3}}
+    assert choose(Pool([wide, narrow], {}, owners, {"w1": "wide"}), two_gpus, "me").name == "nn"
+    assert choose(Pool([wide], {}, owners, {"w1": "wide"}), two_gpus, "me") is None
+
+
+def test_a_queue_made_before_device_counts_gains_them(tmp_path: Path):
+    import sqlalchemy as sa
+
+    from sweeper.search.queue.table import Queue
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as db:  # the tables as the first release of the queue made them
+        db.execute(
+            sa.text(
+                "CREATE TABLE sweeper_queue (name VARCHAR(512) PRIMARY KEY, owner VARCHAR(128) NOT NULL, "
+                "priority INTEGER NOT NULL, state VARCHAR(16) NOT NULL, spec TEXT NOT NULL, device VARCHAR(8) "
+                "NOT NULL, min_memory_gb FLOAT NOT NULL, submitted_at FLOAT NOT NULL, started_at FLOAT, "
+                "ended_at FLOAT, finisher VARCHAR(128), note TEXT)"
+            )
+        )
+        db.execute(
+            sa.text(
+                "CREATE TABLE sweeper_queue_workers (worker VARCHAR(128) PRIMARY KEY, device VARCHAR(8) NOT NULL, "
+                "memory_gb FLOAT NOT NULL, serving VARCHAR(512), started_at FLOAT NOT NULL, seen_at FLOAT NOT NULL, "
+                "left_at FLOAT)"
+            )
+        )
+        db.execute(
+            sa.text(
+                "INSERT INTO sweeper_queue VALUES "
+                "('old', 'ana', 0, 'queued', '{}', 'any', 0, 1, NULL, NULL, NULL, NULL)"
+            )
+        )
+    engine.dispose()
+    queue = Queue(url)
+    try:
+        assert [(e.name, e.devices) for e in queue.entries()] == [("old", 1)]
+        queue.join("w", Offer("cuda", 80.0, devices=4))
+        assert [(w["worker"], w["devices"]) for w in queue.workers(60)] == [("w", 4)]
+    finally:
+        queue.close()

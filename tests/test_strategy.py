@@ -80,6 +80,9 @@ def test_fusion_where_it_pays() -> None:
     # a plugin that opts out (pluginhost/strategy.py finds it out)
     facts = st.Facts(cuda=True, unfusable="the model plugin 'x' says it cannot be fused")
     assert chosen(spec_of(one_architecture), facts)["search.fuse"].startswith("off | no trial of this spec")
+    # DDP trials train on their own devices: never fused, and the spec chosen for them is valid
+    ranks = chosen(spec_of(one_architecture, {"devices": 2}), CUDA)
+    assert ranks["search.fuse"].startswith("off | train.devices is 2")
 
 
 def test_more_workers_than_trials() -> None:

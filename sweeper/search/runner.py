@@ -121,6 +121,22 @@ class Visit:
         self.cache = ProcessCache()
 
 
+def _check_ranks(spec: SweepSpec) -> None:
+    """Each worker's DDP ranks on GPUs of their own (trial/rank.py: worker w's ranks use GPUs
+    w*N .. w*N+N-1): refused before anything runs where this machine has fewer than workers x N."""
+    import torch
+
+    train, workers = spec.train, spec.search.parallel
+    cuda = train.device == "cuda" or (train.device == "auto" and torch.cuda.is_available())
+    if train.devices == 1 or not cuda or spec.search.backend == "ray":  # Ray reserves a trial's GPUs itself
+        return
+    if (visible := torch.cuda.device_count()) < workers * train.devices:
+        raise UserError(
+            f"train.devices: {train.devices} with search.parallel: {workers} needs {workers * train.devices} "
+            f"GPUs (one per rank, none shared); this machine has {visible}: lower either"
+        )
+
+
 def run_sweep(
     spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "run", visit: Visit | None = None
 ) -> dict[str, Any]:
@@ -145,6 +161,7 @@ def run_sweep(
     check_plugins(spec)
     if spec.train.device == "cuda" and not torch.cuda.is_available():
         raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
+    _check_ranks(spec)
     searcher = backend.load(spec.search.backend)
     searcher.check(spec, out_dir)
     prestarted = pool.Prestarted()

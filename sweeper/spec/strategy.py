@@ -169,6 +169,8 @@ def _fuse(spec: SweepSpec, machine: Facts, n: int | None, batch_size: int | None
     pays = FUSE_PAYS_FROM[device]
     if machine.unfusable is not None:
         return 1, f"no trial of this spec can train fused: {machine.unfusable}"
+    if spec.train.devices > 1:
+        return 1, f"train.devices is {spec.train.devices}: each trial trains on its own devices (DDP), not fused"
     count, paths = architectures(spec.search.space)
     if math.isinf(count):
         return 1, (

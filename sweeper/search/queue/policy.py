@@ -2,7 +2,8 @@
 
 1. Only sweeps open for trials (queued or running) whose device requirement the worker's offer
    meets, and not those the worker found with nothing to claim a moment ago (``resting``).
-2. An owner at its quota (devices in use by its sweeps, this worker's own excluded) gets none.
+2. An owner at its quota (devices in use by its sweeps, this worker's own excluded; a trial of
+   train.devices N holds N) gets none that would pass it.
 3. The highest priority first.
 4. Among equal priorities, fair share: the owner whose open sweeps have used the least device
    time per unit of weight (their ledgers' spent device-seconds), then the one fewer workers
@@ -84,15 +85,16 @@ def _open(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str])
     """The sweeps open for trials that ``offer`` fits, not resting, whose owner has a device left
     in its quota (devices of live workers other than ``me``)."""
     by_name = {e.name: e for e in pool.entries}
-    in_use = Counter(by_name[s].owner for w, s in pool.serving.items() if w != me and s in by_name)
+    in_use = Counter[str]()  # devices each owner's trials hold on other workers (a DDP trial: several)
+    for w, s in pool.serving.items():
+        if w != me and s in by_name:
+            in_use[by_name[s].owner] += by_name[s].devices
 
-    def quota_left(owner: str) -> bool:
-        quota = pool.quota(owner)
-        return quota is None or in_use[owner] < quota
+    def quota_left(e: Entry) -> bool:
+        quota = pool.quota(e.owner)
+        return quota is None or in_use[e.owner] + e.devices <= quota
 
-    return [
-        e for e in pool.entries if e.state in OPEN and offer.fits(e) and e.name not in resting and quota_left(e.owner)
-    ]
+    return [e for e in pool.entries if e.state in OPEN and offer.fits(e) and e.name not in resting and quota_left(e)]
 
 
 def preempted_for(pool: Pool, me: str, mine: Entry, resting: frozenset[str] | set[str] = frozenset()) -> Entry | None:

@@ -63,7 +63,7 @@ def submit(
             earlier.check(sweep, None)
         dry_build(sweep)
         wanted = device or {"cuda": "cuda", "cpu": "cpu"}.get(spec.train.device, "any")
-        queue.add(spec.name, owner, priority, spec.model_dump(mode="json"), wanted, min_memory_gb)
+        queue.add(spec.name, owner, priority, spec.model_dump(mode="json"), wanted, min_memory_gb, spec.train.devices)
         return queue.entry(spec.name)
     finally:
         queue.close()
@@ -102,7 +102,8 @@ def listing(url: str) -> list[dict[str, Any]]:
                 "workers": serving.get(e.name, 0),
                 "device_hours_used": spent.get(e.name, 0.0) / 3600,
                 "device_hours_budget": None if budget is None else budget["device_hours"],
-                "device": e.device if not e.min_memory_gb else f"{e.device} >= {e.min_memory_gb:g} GB",
+                "device": (f"{e.devices} x " if e.devices > 1 else "")
+                + (e.device if not e.min_memory_gb else f"{e.device} >= {e.min_memory_gb:g} GB"),
                 "note": e.note,
             }
         )

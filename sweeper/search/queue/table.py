@@ -46,6 +46,8 @@ QUEUE = sa.Table(
     sa.Column("spec", sa.Text, nullable=False),  # JSON: the spec as submitted (search.storage: the queue's)
     sa.Column("device", sa.String(8), nullable=False),  # one of DEVICES
     sa.Column("min_memory_gb", sa.Float, nullable=False),  # of the device (GPU memory; RAM on the CPU)
+    # train.devices: the devices each trial holds (its DDP ranks: GPUs on CUDA)
+    sa.Column("devices", sa.Integer, nullable=False, server_default="1"),
     sa.Column("submitted_at", sa.Float, nullable=False),  # unix time
     sa.Column("started_at", sa.Float),  # its first trial claimed
     sa.Column("ended_at", sa.Float),  # finished, failed or cancelled
@@ -65,6 +67,7 @@ WORKERS = sa.Table(
     sa.Column("worker", sa.String(128), primary_key=True),  # host:pid:tag
     sa.Column("device", sa.String(8), nullable=False),  # cpu | cuda
     sa.Column("memory_gb", sa.Float, nullable=False),
+    sa.Column("devices", sa.Integer, nullable=False, server_default="1"),  # GPUs it offers (CPU: 1)
     sa.Column("serving", sa.String(512)),  # the sweep it trains for now (None: between sweeps)
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("seen_at", sa.Float, nullable=False),  # its last heartbeat (unix time)
@@ -88,6 +91,7 @@ class Entry:
     ended_at: float | None
     finisher: str | None
     note: str | None
+    devices: int = 1  # train.devices: each trial's devices (DDP ranks)
 
     @classmethod
     def of(cls, row: Any) -> Entry:
@@ -98,13 +102,16 @@ class Entry:
 
 @dataclass(frozen=True)
 class Offer:
-    """What a worker offers: its device's kind and memory (GB)."""
+    """What a worker offers: its device's kind and memory (GB), and how many GPUs (a sweep of
+    train.devices N trains each trial on N; on the CPU, a trial's ranks share the worker's cores)."""
 
     device: str
     memory_gb: float
+    devices: int = 1
 
     def fits(self, entry: Entry) -> bool:
-        return entry.device in ("any", self.device) and self.memory_gb >= entry.min_memory_gb
+        enough = self.device != "cuda" or self.devices >= entry.devices
+        return entry.device in ("any", self.device) and self.memory_gb >= entry.min_memory_gb and enough
 
 
 class Queue:
@@ -115,6 +122,9 @@ class Queue:
         try:
             self.engine = engine_for(url)
             racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
+            _add_devices(self.engine, url)
+        except UserError:
+            raise
         except sa.exc.SQLAlchemyError as exc:
             raise UserError(f"--queue {safe_url(url)}: cannot open it: {str(exc).splitlines()[0]}") from None
         except Exception as exc:  # not a database URL; a driver missing
@@ -126,7 +136,14 @@ class Queue:
     # --- sweeps -------------------------------------------------------------------------------
 
     def add(
-        self, name: str, owner: str, priority: int, spec: dict[str, Any], device: str, min_memory_gb: float
+        self,
+        name: str,
+        owner: str,
+        priority: int,
+        spec: dict[str, Any],
+        device: str,
+        min_memory_gb: float,
+        devices: int = 1,
     ) -> None:
         try:
             with self.engine.begin() as db:
@@ -139,6 +156,7 @@ class Queue:
                         spec=json.dumps(spec),
                         device=device,
                         min_memory_gb=min_memory_gb,
+                        devices=devices,
                         submitted_at=time.time(),
                     )
                 )
@@ -235,7 +253,12 @@ class Queue:
         with self.engine.begin() as db:
             db.execute(
                 WORKERS.insert().values(
-                    worker=worker, device=offer.device, memory_gb=offer.memory_gb, started_at=now, seen_at=now
+                    worker=worker,
+                    device=offer.device,
+                    memory_gb=offer.memory_gb,
+                    devices=offer.devices,
+                    started_at=now,
+                    seen_at=now,
                 )
             )
 
@@ -253,9 +276,9 @@ class Queue:
             quota = db.execute(
                 sa.select(OWNERS.c.max_devices).where(OWNERS.c.owner == entry.owner).with_for_update()
             ).scalar()
-            if quota is not None:
+            if quota is not None:  # the devices the owner's trials hold elsewhere (a DDP trial: several)
                 in_use = db.execute(
-                    sa.select(sa.func.count())
+                    sa.select(sa.func.coalesce(sa.func.sum(QUEUE.c.devices), 0))
                     .select_from(WORKERS.join(QUEUE, WORKERS.c.serving == QUEUE.c.name))
                     .where(
                         QUEUE.c.owner == entry.owner,
@@ -264,7 +287,7 @@ class Queue:
                         WORKERS.c.seen_at >= since,
                     )
                 ).scalar()
-                if in_use >= quota:
+                if int(in_use or 0) + entry.devices > quota:
                     return False
             db.execute(
                 WORKERS.update().where(WORKERS.c.worker == worker).values(serving=entry.name, seen_at=time.time())
@@ -287,3 +310,23 @@ class Queue:
                 sa.select(WORKERS).where(WORKERS.c.left_at.is_(None), WORKERS.c.seen_at >= since)
             ).mappings()
             return [dict(r) for r in rows]
+
+
+def _add_devices(engine: sa.Engine, url: str) -> None:
+    """The ``devices`` columns added to a queue's tables created before them (each row: 1)."""
+    with engine.connect() as db:
+        inspector = sa.inspect(db)
+        missing = [t for t in (QUEUE, WORKERS) if "devices" not in {c["name"] for c in inspector.get_columns(t.name)}]
+    for table in missing:
+        try:
+            with engine.begin() as db:
+                db.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN devices INTEGER NOT NULL DEFAULT 1"))
+        except sa.exc.SQLAlchemyError as exc:
+            with engine.connect() as db:  # another process added it meanwhile: fine
+                if "devices" in {c["name"] for c in sa.inspect(db).get_columns(table.name)}:
+                    continue
+            raise UserError(
+                f"--queue {safe_url(url)}: table {table.name} predates its devices column and this role "
+                f"cannot add it ({str(exc).splitlines()[0]}); run `sweeper queue {safe_url(url)}` once as "
+                f"the tables' owner"
+            ) from None

@@ -43,11 +43,12 @@ KEPT_DATA = 2  # the data sets (and compiled forwards) of this many sweeps last 
 
 
 def detect_offer() -> Offer:
-    """This machine's device: the first CUDA device and its memory, else the CPU and the RAM (GB)."""
+    """This machine's device: the first CUDA device and its memory (and how many GPUs this process
+    sees: CUDA_VISIBLE_DEVICES), else the CPU and the RAM (GB)."""
     import torch
 
     if torch.cuda.is_available():
-        return Offer("cuda", torch.cuda.get_device_properties(0).total_memory / 2**30)
+        return Offer("cuda", torch.cuda.get_device_properties(0).total_memory / 2**30, torch.cuda.device_count())
     return Offer("cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
 
 
@@ -102,7 +103,7 @@ class QueueWorker:
     def _pool(self) -> Pool:
         workers = self.queue.workers(LIVE_S)
         serving = {w["worker"]: w["serving"] for w in workers}
-        offers = {w["worker"]: Offer(w["device"], w["memory_gb"]) for w in workers}
+        offers = {w["worker"]: Offer(w["device"], w["memory_gb"], w["devices"]) for w in workers}
         return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving, offers)
 
     def _resting(self) -> set[str]:
