@@ -59,6 +59,10 @@ def test_two_ranks_train_as_one_device_and_their_checkpoint_resumes_on_one(tmp_p
     assert learned(again.history[:2]) == learned(first.history)
     close(one.history, again.history)
 
+    # the pruner's answer reaches every rank: they all stop after the epoch it was given for
+    pruned = execute(replace(two, checkpoint=None), lambda number, epoch, metrics: epoch == 1)
+    assert pruned.state == TrialState.PRUNED and len(pruned.history) == 1
+
     # the checkpoint holds the plain module's state (no DDP "module." prefix) and resumes on one device
     state = checkpoint.load(tmp_path / "two.pt")
     assert state["epoch"] == 2 and not any(k.startswith("module.") for k in state["model"])
@@ -106,15 +110,20 @@ def test_a_rank_killed_mid_epoch_fails_its_trial_and_the_sweep_goes_on(workdir: 
     with pytest.raises(ProcessLookupError):  # every rank of the lost attempt was reaped
         os.kill(rank, 0)
 
-    # the same table from a clean run with 2 workers (each training 2-rank trials): the retried
-    # trial trained from scratch as it would have, bitwise
-    sweeper("run", str(spec), "search.parallel=2", "--out", str(workdir / "clean"), check=True)
+    # the same table from a clean run with 2 workers (each training 2-rank trials), tracked in
+    # MLflow: the retried trial trained from scratch as it would have, bitwise
+    clean_run = ("search.parallel=2", "tracking.enabled=true", "--out", str(workdir / "clean"))
+    sweeper("run", str(spec), *clean_run, check=True)
     clean = json.loads((workdir / "clean" / "summary.json").read_text())
+    assert "error" not in clean["export"]["formats"][0]  # exported from rank 0's checkpoint
 
     def table(trials: list[dict]) -> dict[str, list[dict]]:  # by params (a retry has a number of its own)
         return {json.dumps(t["params"]): learned(t["history"]) for t in trials if t["state"] == "complete"}
 
     assert table(clean["trials"]) == table(summary["trials"])
+    # and a trial replays: its 2 ranks trained again, every epoch equal
+    replay = sweeper("replay", clean["trials"][0]["mlflow_run_id"])
+    assert replay.returncode == 0 and "bitwise" in replay.stdout, replay.stdout + replay.stderr
 
 
 def test_a_rank_that_raises_fails_its_trial_with_its_reason(gate: Path):
@@ -126,6 +135,15 @@ def test_a_rank_that_raises_fails_its_trial_with_its_reason(gate: Path):
     assert "the gate fails here on purpose" in out.reason and len(out.history) == 1
     # rank 0's own failure as it is; another rank's named
     assert out.reason.startswith(("RuntimeError", "rank 1: RuntimeError")), out.reason
+
+
+def test_a_hung_rank_is_stopped_by_the_trial_time_limit(gate: Path):
+    # the first rank to build its schedule waits at its gate for a release that never comes (its
+    # peer waits for it in the step's all-reduce): train.max_trial_seconds stops the trial
+    hung = config("train.devices=2", "schedule.plugin=gate", f"schedule.args={{folder: {gate}, epoch: 2}}", epochs=3)
+    out = execute(replace(hung, spec=hung.spec.with_values({"train.max_trial_seconds": 5})), NEVER)
+    assert out.state == TrialState.FAILED and out.failure == FailureKind.TIMED_OUT, out.reason
+    assert "ran past train.max_trial_seconds=5" in out.reason
 
 
 def test_rank_settings_are_checked_before_any_compute(workdir: Path):
