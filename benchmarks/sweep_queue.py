@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--samples", type=int, default=65536, help="training samples of each smoke trial")
     parser.add_argument("--share-after", type=int, default=20, help="fair share: once both owners ran this many")
+    parser.add_argument("--rows", type=Path, help="also write every trial's row (sweep, worker, times) here, JSON")
     args = parser.parse_args()
     print("$ python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]))
     print(describe())
@@ -168,6 +169,8 @@ def main() -> None:
             if proc.wait() != 0:
                 sys.exit(f"a worker failed: see {work}")
         rows = trials_of(url, [*sweeps, "urgent"])
+        if args.rows is not None:
+            args.rows.write_text(json.dumps([{**r, "owner": owners.get(r["sweep"], "carol")} for r in rows]))
         report(rows, owners, args, submitted, active_ms)
         listing = json.loads(sweeper("queue", url, "--json").stdout)
         states = {r["state"] for r in listing}

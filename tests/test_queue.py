@@ -16,7 +16,7 @@ from conftest import sweeper, wait_for, write_spec
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 from test_distributed import finish, gated, start, trials
 
-from sweeper.search.queue.policy import Pool, ahead_by, choose
+from sweeper.search.queue.policy import HALF_LIFE_S, Pool, ahead_by, choose
 from sweeper.search.queue.table import Entry, Offer
 
 CPU = Offer("cpu", 16.0)
@@ -39,14 +39,22 @@ def test_the_policy_puts_priority_first_then_fair_share_then_the_order_submitted
     # equal use: the owner fewer workers serve now, then the sweep submitted first
     assert choose(Pool([a, b], {}, {}, {"w1": "a"}), CPU, "me").name == "bb"
     assert choose(Pool([a, b], {}, {}), CPU, "me").name == "a"
-    # only open sweeps; finished sweeps' device time no longer counts
-    done = entry("d", "bob", state="finished")
-    assert choose(Pool([a, b, done], {"a": 5.0, "d": 100.0}, {}), CPU, "me").name == "bb"
+    # only open sweeps are served; an ended sweep's device time still counts for its owner, halved
+    # every HALF_LIFE_S since it ended (a day): just ended, bob is ahead; 10 half-lives on, not
+    done = entry("d", "bob", state="finished", ended_at=1000.0)
+    spent = {"a": 5.0, "d": 100.0}
+    assert choose(Pool([a, b, done], spent, {}, now=1000.0), CPU, "me").name == "a"
+    assert choose(Pool([a, b, done], spent, {}, now=1000.0 + 10 * HALF_LIFE_S), CPU, "me").name == "bb"
     assert choose(Pool([done], {}, {}), CPU, "me") is None
     assert choose(Pool([a, b], {}, {}), CPU, "me", resting={"a"}).name == "bb"
     # the gap a worker weighs before it leaves one owner's sweep for another's (per unit of weight)
     assert ahead_by(Pool([a, b], {"a": 30.0, "bb": 10.0}, {}), "alice", "bob") == 20.0
     assert ahead_by(Pool([a, b], {"a": 30.0, "bb": 10.0}, {"alice": {"weight": 3}}), "alice", "bob") == 0.0
+    # a trial another worker trains for an owner now counts, as that worker's last trial cost: bob
+    # used less, but with w1's running trial (20 s) he has more than alice
+    running = Pool([a, b], {"a": 30.0, "bb": 20.0}, {}, {"w1": "bb"}, units={"w1": 20.0})
+    assert choose(running, CPU, "me").name == "a" and ahead_by(running, "bob", "alice", "me") == 10.0
+    assert ahead_by(running, "bob", "alice", "w1") == -10.0  # w1's own trial: not running while it decides
 
 
 def test_the_policy_keeps_quotas_and_device_requirements():

@@ -54,7 +54,7 @@ class SearchContext:
     cache: ProcessCache | None = None
     prestarted: Prestarted | None = None  # worker processes started early, for a pool to take
     # a queue's worker (search/queue): asked before each claim; True: leave for another sweep
-    elsewhere: Callable[[bool], bool] | None = None
+    elsewhere: Callable[[bool, float], bool] | None = None
     # a queue's worker (one trial at a time, in this process): asked after each epoch; a reason
     # (e.g. which sweep waits) when the trial's device is wanted by a sweep of higher priority
     preempt: Callable[[], str | None] | None = None

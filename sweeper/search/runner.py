@@ -104,7 +104,7 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
 class Visit:
     """How a queue's worker (search/queue/worker.py) serves a sweep, visit after visit."""
 
-    elsewhere: Callable[[bool], bool]  # asked before each claim: leave for another sweep (SearchContext)
+    elsewhere: Callable[[bool, float], bool]  # asked before each claim: leave for another sweep (SearchContext)
     preempt: Callable[[], str | None]  # asked after each epoch: a reason to stop the trial there
     # the sweep's data set and compiled forwards, kept between the worker's visits
     cache: ProcessCache = field(default_factory=ProcessCache)

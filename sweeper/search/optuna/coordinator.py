@@ -69,10 +69,12 @@ class Coordinator:
         self.breaker = Breaker(spec, study, ledger, self.budget, ctx)
         self.live = LiveTrials(spec, study, heartbeat, ctx, self.batches, self.recovery, self.breaker, fuse)
         self.pending: list[list[TrialConfig]] = []  # claimed tasks waiting for a free worker
-        # elsewhere(waiting): asked before each claim (False) and while nothing can be claimed until
-        # other processes' trials end (True); True: this process serves another sweep now (a
+        # elsewhere(waiting, spent): asked before each claim (False) and while nothing can be
+        # claimed until other processes' trials end (True), with the device-seconds this process's
+        # trials of the sweep have spent so far; True: this process serves another sweep now (a
         # queue's worker), once the trials it holds have finished
-        self.elsewhere = ctx.elsewhere or (lambda waiting: False)
+        self.elsewhere = ctx.elsewhere or (lambda waiting, spent: False)
+        self.spent_here = 0.0
         self.preempt = ctx.preempt if spec.search.parallel == 1 else None  # raised in this process only
 
     def run(self, executor: Executor) -> None:
@@ -86,7 +88,7 @@ class Coordinator:
                 executor.submit(self.pending.pop(0))
                 continue
             # a queue's worker (search/queue) leaves for another sweep instead of claiming here
-            leaving = bool(executor.slots) and not sweep.stop and self.elsewhere(False)
+            leaving = bool(executor.slots) and not sweep.stop and self.elsewhere(False, self.spent_here)
             if executor.slots and not sweep.stop and not leaving:
                 proposal = self.proposer.next(sweep)
                 if proposal.found is Found.TRIALS:
@@ -99,6 +101,7 @@ class Coordinator:
                 for outcome in executor.results(POLL_S):
                     self.live.finish(outcome)
                     self.ledger.spend(outcome.info.get("device_seconds", 0.0))
+                    self.spent_here += outcome.info.get("device_seconds", 0.0)
                 continue
             if leaving:
                 return
@@ -110,7 +113,7 @@ class Coordinator:
                 return
             # a queue's worker: another sweep has a trial to claim while this one's batch runs
             # elsewhere (not while another process holds the lock for a moment: it proposes)
-            if sweep.proposing is None and self.elsewhere(True):
+            if sweep.proposing is None and self.elsewhere(True, self.spent_here):
                 return
             time.sleep(POLL_S)  # the trials of this batch run elsewhere: the next batch waits for them
 

@@ -6,8 +6,12 @@
    train.devices N holds N) gets none that would pass it.
 3. The highest priority first.
 4. Among equal priorities, fair share: the owner whose open sweeps have used the least device
-   time per unit of weight (their ledgers' spent device-seconds), then the one fewer workers
-   serve now; within an owner, its sweeps in the order submitted. A worker serving one owner
+   time per unit of weight (their ledgers' spent device-seconds, an ended sweep's decaying with a
+   half-life of a day, plus the trials other workers
+   train for them now, each counted as that worker's last trial: without them, every worker that
+   sees one owner behind serves it at once, and the owners swing past each other by a trial
+   per worker), then the one fewer workers serve now; within an owner, its sweeps in the order
+   submitted. A worker serving one owner
    leaves for another once its owner is ahead (``ahead_by``) by more than half the device time
    of the trials it just trained (a switch then narrows the gap): the owners stay within about
    one batch of trials, without a switch of sweeps after every trial.
@@ -19,13 +23,18 @@ serve it (one worker, so one trial is preempted per waiting sweep), after that t
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.search.queue.table import OPEN, Entry, Offer
 
-SHARING = (*OPEN, "finishing")  # the sweeps whose device time counts in their owner's fair share
+# Fair share remembers an owner's ended sweeps (finished, failed, cancelled) with their device
+# time halved every this many seconds since they ended (Slurm's PriorityDecayHalfLife, here a
+# day): forgetting a sweep the moment it finished handed its owner every worker until the other
+# owner's open sweeps had used as much again (benchmarks/sweep_queue.py: 70 % apart)
+HALF_LIFE_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,23 @@ class Pool:
     owners: dict[str, dict[str, Any]]  # owner -> {weight, max_devices}
     serving: dict[str, str | None] = field(default_factory=dict)  # live worker -> the sweep it serves
     offers: dict[str, Offer] = field(default_factory=dict)  # live worker -> what it offers
+    units: dict[str, float] = field(default_factory=dict)  # live worker -> device-seconds of its last trial
+    now: float = field(default_factory=time.time)  # unix time: how long ago ended sweeps ended
+
+    def used(self, me: str) -> dict[str, float]:
+        """Device-seconds per unit of weight by owner: what its sweeps' trials used (an ended
+        sweep's halved every HALF_LIFE_S since it ended), and the trials workers other than ``me``
+        train for them now (each as that worker's last trial)."""
+        by_name = {e.name: e for e in self.entries}
+        used: dict[str, float] = {}
+        for e in self.entries:
+            ago = 0.0 if e.ended_at is None else max(0.0, self.now - e.ended_at)
+            used[e.owner] = used.get(e.owner, 0.0) + self.spent.get(e.name, 0.0) * 0.5 ** (ago / HALF_LIFE_S)
+        for w, s in self.serving.items():
+            if w != me and s in by_name:
+                owner = by_name[s].owner
+                used[owner] = used.get(owner, 0.0) + self.units.get(w, 0.0)
+        return {owner: seconds / self.weight(owner) for owner, seconds in used.items()}
 
     def weight(self, owner: str) -> float:
         return float(self.owners.get(owner, {}).get("weight") or 1.0)
@@ -55,30 +81,23 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
         return None
     top = max(e.priority for e in candidates)
     candidates = [e for e in candidates if e.priority == top]
-    used: dict[str, float] = {}
-    for e in pool.entries:
-        if e.state in SHARING:
-            used[e.owner] = used.get(e.owner, 0.0) + pool.spent.get(e.name, 0.0)
+    used = pool.used(me)
     owner_serving = Counter[str]()
     for name, n in serving.items():
         owner_serving[by_name[name].owner] += n
 
     def share(e: Entry) -> tuple[float, float, float, str]:
-        w = pool.weight(e.owner)
-        return (used.get(e.owner, 0.0) / w, owner_serving[e.owner] / w, e.submitted_at, e.name)
+        return (used.get(e.owner, 0.0), owner_serving[e.owner] / pool.weight(e.owner), e.submitted_at, e.name)
 
     return min(candidates, key=share)
 
 
-def ahead_by(pool: Pool, owner: str, other: str) -> float:
+def ahead_by(pool: Pool, owner: str, other: str, me: str = "") -> float:
     """How much more device time (seconds per unit of weight) ``owner``'s open sweeps have used
-    than ``other``'s: the fair-share gap a worker weighs before leaving one owner for the other."""
-
-    def used(who: str) -> float:
-        spent = sum(pool.spent.get(e.name, 0.0) for e in pool.entries if e.owner == who and e.state in SHARING)
-        return spent / pool.weight(who)
-
-    return used(owner) - used(other)
+    than ``other``'s (trials running on workers other than ``me`` included): the fair-share gap
+    a worker weighs before leaving one owner for the other."""
+    used = pool.used(me)
+    return used.get(owner, 0.0) - used.get(other, 0.0)
 
 
 def _open(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]) -> list[Entry]:

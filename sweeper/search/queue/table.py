@@ -69,6 +69,7 @@ WORKERS = sa.Table(
     sa.Column("memory_gb", sa.Float, nullable=False),
     sa.Column("devices", sa.Integer, nullable=False, server_default="1"),  # GPUs it offers (CPU: 1)
     sa.Column("serving", sa.String(512)),  # the sweep it trains for now (None: between sweeps)
+    sa.Column("unit_s", sa.Float),  # device-seconds of its last trial: fair share's estimate of its running one
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("seen_at", sa.Float, nullable=False),  # its last heartbeat (unix time)
     sa.Column("left_at", sa.Float),  # it exited cleanly
@@ -122,7 +123,7 @@ class Queue:
         try:
             self.engine = engine_for(url)
             racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
-            _add_devices(self.engine, url)
+            _add_columns(self.engine, url)
         except UserError:
             raise
         except sa.exc.SQLAlchemyError as exc:
@@ -294,6 +295,11 @@ class Queue:
             )
         return True
 
+    def set_unit(self, worker: str, seconds: float) -> None:
+        """Say what ``worker``'s last trial cost (device-seconds): others count its running trial so."""
+        with self.engine.begin() as db:
+            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(unit_s=seconds))
+
     def heartbeat(self, worker: str) -> None:
         with self.engine.begin() as db:
             db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(seen_at=time.time()))
@@ -312,21 +318,32 @@ class Queue:
             return [dict(r) for r in rows]
 
 
-def _add_devices(engine: sa.Engine, url: str) -> None:
-    """The ``devices`` columns added to a queue's tables created before them (each row: 1)."""
-    with engine.connect() as db:
-        inspector = sa.inspect(db)
-        missing = [t for t in (QUEUE, WORKERS) if "devices" not in {c["name"] for c in inspector.get_columns(t.name)}]
-    for table in missing:
+# Columns added after the queue's first release: (table, column, its definition for ADD COLUMN)
+ADDED = (
+    (QUEUE, "devices", "INTEGER NOT NULL DEFAULT 1"),
+    (WORKERS, "devices", "INTEGER NOT NULL DEFAULT 1"),
+    (WORKERS, "unit_s", "FLOAT"),
+)
+
+
+def _add_columns(engine: sa.Engine, url: str) -> None:
+    """The columns of ADDED that a queue's tables, created before them, lack (rows: the default)."""
+
+    def has(table: sa.Table, column: str) -> bool:
+        with engine.connect() as db:
+            return column in {c["name"] for c in sa.inspect(db).get_columns(table.name)}
+
+    for table, column, definition in ADDED:
+        if has(table, column):
+            continue
         try:
             with engine.begin() as db:
-                db.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN devices INTEGER NOT NULL DEFAULT 1"))
+                db.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column} {definition}"))
         except sa.exc.SQLAlchemyError as exc:
-            with engine.connect() as db:  # another process added it meanwhile: fine
-                if "devices" in {c["name"] for c in sa.inspect(db).get_columns(table.name)}:
-                    continue
+            if has(table, column):  # another process added it meanwhile: fine
+                continue
             raise UserError(
-                f"--queue {safe_url(url)}: table {table.name} predates its devices column and this role "
+                f"--queue {safe_url(url)}: table {table.name} predates its {column} column and this role "
                 f"cannot add it ({str(exc).splitlines()[0]}); run `sweeper queue {safe_url(url)}` once as "
                 f"the tables' owner"
             ) from None

@@ -104,7 +104,8 @@ class QueueWorker:
         workers = self.queue.workers(LIVE_S)
         serving = {w["worker"]: w["serving"] for w in workers}
         offers = {w["worker"]: Offer(w["device"], w["memory_gb"], w["devices"]) for w in workers}
-        return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving, offers)
+        units = {w["worker"]: w["unit_s"] or 0.0 for w in workers}
+        return Pool(self.queue.entries(), self.queue.spent(), self.queue.owners(), serving, offers, units)
 
     def _resting(self) -> set[str]:
         now = time.time()
@@ -135,11 +136,11 @@ class QueueWorker:
         self.served += 1
         # why run_sweep returned early: "other" (a sweep before it) or "wait"
         left: dict[str, str | None] = {"for": None}
-        # the device-seconds the sweep's ledger had at the last claim here, and what its last
-        # trials added (the unit a fair-share switch is weighed in; kept while nothing new ended)
-        trained = {"spent": -1.0, "unit": 0.0}
+        # the device-seconds this visit's trials had spent at the last claim here, and what the
+        # trials since added (the unit a fair-share switch is weighed in; kept while none ended)
+        trained = {"spent": 0.0, "unit": 0.0}
 
-        def elsewhere(waiting: bool) -> bool:
+        def elsewhere(waiting: bool, spent: float) -> bool:
             if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
                 if self._next(also_resting=entry.name) is not None:
                     left["for"] = "wait"
@@ -148,18 +149,18 @@ class QueueWorker:
             if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
                 left["for"] = "other"
                 return True
-            pool = self._pool()
-            spent = pool.spent.get(entry.name, 0.0)
-            if trained["spent"] >= 0.0 and spent > trained["spent"]:
+            if spent > trained["spent"]:
                 trained["unit"] = spent - trained["spent"]
+                self.queue.set_unit(self.me, trained["unit"])
             trained["spent"] = spent
+            pool = self._pool()
             pick = choose(pool, self.offer, self.me, self._resting())
             if pick is None or pick.name == entry.name:
                 return False
             # another owner comes first on fair share: left once this owner is ahead by more than half
             # the trials just trained, where the switch narrows the gap (|ahead - unit| < ahead); so
             # the owners stay within about one such unit, without a switch after every trial
-            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner) > trained["unit"] / 2:
+            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner, self.me) > trained["unit"] / 2:
                 left["for"] = "other"
                 return True
             return False  # another sweep of the same owner and priority: this one goes on (no switch)
