@@ -429,3 +429,35 @@ def test_pbt_exploits_a_donors_checkpoint_with_mutated_hyperparameters(workdir: 
 
     refused = sweeper("replay", exploited[0]["mlflow_run_id"])
     assert refused.returncode == 2 and "a PBT exploit" in refused.stderr, refused.stderr
+
+
+def test_a_snapshot_copy_that_raced_the_next_snapshot_logs_nothing(workdir: Path):
+    """Tune's background copy of its staging folder can miss a temporary file the next snapshot
+    renamed (CI saw the traceback); that copy is superseded, so sweeper drops its error and keeps
+    every other error Tune logs there."""
+    import logging
+
+    import pyarrow.fs
+
+    from sweeper.search.ray.driver import STATE_LOGGER, StaleCopyFilter
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    log = logging.getLogger(STATE_LOGGER)
+    log.addHandler(handler)
+    log.addFilter(stale := StaleCopyFilter())
+    try:
+        (workdir / "staging").mkdir()
+        try:  # what Tune's copy raised: pyarrow's own error for a file gone from the staging folder
+            pyarrow.fs.copy_files(str(workdir / "staging" / ".tmp-state.json"), str(workdir / "copy.json"))
+        except FileNotFoundError:
+            log.error("Saving experiment state to storage failed with exception: ", exc_info=True)
+        try:
+            raise PermissionError("storage refused the write")
+        except PermissionError:
+            log.error("Saving experiment state to storage failed with exception: ", exc_info=True)
+    finally:
+        log.removeHandler(handler)
+        log.removeFilter(stale)
+    assert [r.exc_info[0] for r in seen if r.exc_info] == [PermissionError]

@@ -55,6 +55,21 @@ QUIET_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tun
 SNAPSHOT_EVERY_S = "2"
 
 
+class StaleCopyFilter(logging.Filter):
+    """Drops Tune's error for a snapshot copy that raced the next snapshot. Tune writes its state
+    into a staging folder (a temporary file, then a rename) and copies the folder to the storage in
+    the background; a forced snapshot writes while the previous copy still runs, so that copy can
+    miss the renamed temporary file (FileNotFoundError) and Tune logs a traceback. The copy started
+    right after it takes the new state, so nothing is lost; any other error still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, FileNotFoundError)
+
+
+STATE_LOGGER = "ray.tune.execution.experiment_state"
+
+
 class TuneRun:
     """What one Tune run's callbacks (``Events``, ``Breaker``) share with this driver: the
     observer's event sink, the trials ended in this run (in the order Tune reported them) and
@@ -269,6 +284,9 @@ def run(spec: SweepSpec, ctx: SearchContext) -> SearchResult:
     # ERROR; sweeper records them itself (the trial table, error.txt in the trial's MLflow run)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    state_logger = logging.getLogger(STATE_LOGGER)
+    if not any(isinstance(f, StaleCopyFilter) for f in state_logger.filters):
+        state_logger.addFilter(StaleCopyFilter())
     cluster.connect(spec, addr)
     with TuneRun(spec, ctx.observer.event) as state:
         try:
