@@ -1,11 +1,11 @@
-"""The ``sweeper`` command: a thin typer app; each command calls one library function.
+"""The commands of one sweep (run, worker, status, stop, submit, validate, replay, export, ...)
+and of the plugins; the queue's commands, from queue.py, join them at the top level.
 
 Heavy libraries (torch, optuna, mlflow) are imported inside the commands that need them,
 so ``sweeper --help`` stays fast."""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable
@@ -15,48 +15,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from sweeper.errors import SweepStopped, UserError
+from sweeper.cli import queue as queue_commands
+from sweeper.cli.base import AUTO, OVERRIDES, SPEC, app, err, user_errors
+from sweeper.errors import UserError
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
-
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="Plugin-based hyperparameter sweeps for PyTorch.",
-)
-err = Console(stderr=True, highlight=False)
-
-SPEC = typer.Argument(..., help="sweep spec (YAML), e.g. search_spaces/digits.yaml", show_default=False)
-OVERRIDES = typer.Argument(None, help="dotted.path=value overrides, e.g. train.epochs=3", show_default=False)
-AUTO = typer.Option(
-    False,
-    "--auto",
-    help="derive the search space from the plugins' declared priors (search.space: auto); "
-    "entries written in search.space win",
-)
-
-
-def user_errors(fn: Callable) -> Callable:
-    """A UserError is the user's to fix: one paragraph on stderr, exit code 2, no traceback. A
-    sweep its circuit breaker stopped (SweepStopped): its message, exit code 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except UserError as exc:
-            err.print("[bold red]error:[/]", escape(str(exc)), soft_wrap=True)  # [..] in a message is text
-            raise typer.Exit(2) from None
-        except OSError as exc:  # a path the user gave that cannot be read or written (a missing folder, ...)
-            if exc.filename is None:
-                raise
-            err.print("[bold red]error:[/]", escape(f"{exc.filename}: {exc.strerror or exc}"), soft_wrap=True)
-            raise typer.Exit(2) from None
-        except SweepStopped as exc:  # the sweep's own trials stopped it: nothing to fix in the input
-            err.print("[bold red]stopped:[/]", escape(str(exc)), soft_wrap=True, highlight=False)
-            raise typer.Exit(1) from None
-
-    return wrapper
 
 
 @app.command()
@@ -125,7 +87,7 @@ def worker(
     if queue is not None:
         if spec is not None or study is not None:
             raise UserError("--queue serves every sweep of the queue: give no spec and no --study")
-        _serve_queue(queue, out or Path("runs"), device, memory_gb, devices, drain)
+        queue_commands.serve_queue(queue, out or Path("runs"), device, memory_gb, devices, drain)
         return
     if (spec is None) == (study is None):
         raise UserError("give a spec, or --study URL (the sweep's spec is then read from that storage)")
@@ -146,23 +108,6 @@ def worker(
     report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role="worker")
     counts = ", ".join(f"{n} {state}" for state, n in report["counts"].items()) or "none"
     typer.echo(f"worker done: sweep '{sweep.name}' has no trial left to claim (trials: {counts})")
-
-
-def _serve_queue(
-    url: str, out_root: Path, device: str | None, memory_gb: float | None, devices: int | None, drain: bool
-) -> None:
-    from sweeper.search.queue.table import Offer
-    from sweeper.search.queue.worker import QueueWorker, detect_offer
-
-    found = detect_offer()
-    if device not in (None, "cpu", "cuda"):
-        raise UserError(f"--device {device}: expected cpu or cuda")
-    offer = Offer(device or found.device, found.memory_gb if memory_gb is None else memory_gb, devices or found.devices)
-    worker = QueueWorker(url, out_root, offer, typer.echo, drain)
-    gpus = f"{offer.devices} x " if offer.devices > 1 else ""
-    typer.echo(f"worker {worker.me} serving the queue; offers {gpus}{offer.device} with {offer.memory_gb:.0f} GB")
-    finished = worker.run()
-    typer.echo(f"worker done: no open sweep it can serve ({worker.served} served, {finished} finished here)")
 
 
 FOLDER = typer.Argument(None, help="the sweep's output folder (of `sweeper run`); or give --study", show_default=False)
@@ -268,95 +213,6 @@ def submit(
         f"status:  ray job status --address {address} {job.job_id}\n"
         f"stop:    ray job stop --address {address} {job.job_id}"
     )
-
-
-QUEUE_URL = typer.Argument(..., help="the queue's database URL (of `sweeper submit --queue`)", show_default=False)
-QUEUED = typer.Argument(..., help="the queued sweep's name", show_default=False)
-
-
-@app.command("queue")
-@user_errors
-def queue_cmd(
-    url: str = QUEUE_URL, as_json: bool = typer.Option(False, "--json", help="print the queue as JSON")
-) -> None:
-    """List the queue's sweeps: owner, priority, state, trials done, workers, device time."""
-    from rich.table import Table
-
-    from sweeper.search.queue.submit import listing
-
-    rows = listing(url)
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(
-        "sweep", "owner", "priority", "state", "trials", "workers", "device-h used", "budget", "device",
-        box=None, padding=(0, 2),
-    )  # fmt: skip
-    for r in rows:
-        budget = "-" if r["device_hours_budget"] is None else f"{r['device_hours_budget']:.3g} h"
-        trials = f"{r['trials_done']}/{r['n_trials'] or '-'}"
-        table.add_row(
-            r["name"], r["owner"], str(r["priority"]), r["state"], trials, str(r["workers"]),
-            f"{r['device_hours_used']:.3g}", budget, r["device"],
-        )  # fmt: skip
-    Console(highlight=False, soft_wrap=True).print(table if rows else "the queue is empty")
-
-
-@app.command()
-@user_errors
-def cancel(url: str = QUEUE_URL, name: str = QUEUED) -> None:
-    """Cancel a queued sweep: no new trial is claimed; its running trials finish."""
-    from sweeper.search.queue.submit import cancel as cancel_sweep
-
-    was = cancel_sweep(url, name)
-    typer.echo(f"cancelled sweep '{name}' (it was {was}): running trials finish, no new trial starts")
-
-
-@app.command()
-@user_errors
-def priority(
-    url: str = QUEUE_URL, name: str = QUEUED, value: int = typer.Argument(..., help="higher runs first")
-) -> None:
-    """Change a queued sweep's priority (workers follow it at their next claim)."""
-    from sweeper.search.queue.submit import set_priority
-
-    set_priority(url, name, value)
-    typer.echo(f"sweep '{name}' now has priority {value}")
-
-
-@app.command()
-@user_errors
-def share(
-    url: str = QUEUE_URL,
-    owner: str = typer.Argument(..., help="the owner (as `sweeper submit --owner` names them)", show_default=False),
-    weight: float | None = typer.Option(
-        None, "--weight", help="fair share: device time in proportion to it (default 1)"
-    ),
-    max_devices: int | None = typer.Option(None, "--max-devices", help="quota: devices in use at once (-1: none)"),
-) -> None:
-    """Set an owner's fair-share weight and quota of devices."""
-    from sweeper.search.queue.submit import share as set_share
-
-    got = set_share(url, owner, weight, max_devices)
-    quota = "no quota" if got["max_devices"] is None else f"at most {got['max_devices']} device(s) at once"
-    typer.echo(f"owner '{owner}': weight {got['weight']:g}, {quota}")
-
-
-@app.command("queue-access")
-@user_errors
-def queue_access(
-    url: str = QUEUE_URL,
-    workers: str = typer.Option(..., "--workers", help="the database role the queue's workers connect as"),
-    submitters: str = typer.Option(..., "--submitters", help="comma-separated roles of the people who submit"),
-) -> None:
-    """Set up a PostgreSQL queue for a team (as the database's owner): every table created, the
-    workers' role may write everything, each submitter changes only the sweeps it owns."""
-    from sweeper.search.queue.roles import secure
-
-    names = [n.strip() for n in submitters.split(",") if n.strip()]
-    for statement in secure(url, workers, names):
-        typer.echo(f"{statement};")
-    typer.echo(f"# {len(names)} submitter(s) may queue, cancel and reprioritise their own sweeps only")
 
 
 @app.command()
@@ -569,6 +425,7 @@ def schema(out: Path | None = typer.Option(None, "--out", help="write to a file 
 plugins_app = typer.Typer(
     no_args_is_help=False, help=("List installed plugins (reads package metadata; imports none of them), or show one.")
 )
+app.add_typer(queue_commands.queue_app)  # queue, cancel, priority, share, queue-access: at the top level
 app.add_typer(plugins_app, name="plugins")
 ARGS = typer.Option(False, "--args", help="also import each plugin and show its arguments and defaults")
 
