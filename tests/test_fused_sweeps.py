@@ -169,7 +169,7 @@ def test_what_cannot_fuse_trains_alone_and_says_why(workdir: Path, unfusable: No
 
 
 def test_fusing_is_spec_checked():
-    from sweeper.spec.model import SearchSpec
+    from sweeper.spec.search import SearchSpec
 
     assert SearchSpec(fuse=False).fuse == "off"  # YAML's bare `off`
     assert SearchSpec(fuse=8).fuse_size(cuda=False) == 8

@@ -23,7 +23,7 @@ from sweeper.pluginhost.priors import Declared, declared, describe
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.spec.load import check_space_types
-from sweeper.spec.model import AutoSpaceSpec
+from sweeper.spec.search import AutoSpaceSpec
 
 HAND_WRITTEN = "search.space (hand-written)"
 # spec section -> (plugin kind, its list in search.auto)

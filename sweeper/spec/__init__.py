@@ -7,15 +7,13 @@ from sweeper.spec.model import (
     METRICS,
     DataSpec,
     ExportSpec,
-    LRFinderSpec,
     Objective,
     PluginRef,
-    PrunerSpec,
-    SearchSpec,
     SweepSpec,
     TrackingSpec,
     TrainSpec,
 )
+from sweeper.spec.search import LRFinderSpec, PrunerSpec, SearchSpec
 
 __all__ = [
     "EXPORT_FORMATS",

@@ -9,7 +9,9 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from sweeper.spec.base import Strict
 
 T = TypeVar("T")
 # Metrics every task's trainer reports each epoch; a task adds its own (val_acc, val_rmse, ...: its
@@ -24,16 +26,12 @@ METRICS = ("val_acc", "val_loss", "train_loss", "train_acc", *FOOTPRINT_METRICS)
 PERCENT = re.compile(r"^\s*(\d+(\.\d*)?|\.\d+)\s*%\s*$")  # "0.5%": relative to the best value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
 def trained(metric: str) -> bool:
     """Whether ``metric`` comes from training (the task's metrics and the losses), not the footprint."""
     return metric not in FOOTPRINT_METRICS
 
 
-class Objective(_Strict):
+class Objective(Strict):
     # a metric the task reports (its value at the last epoch), or a footprint metric
     metric: str = Field(default="val_acc", pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$", max_length=200)
     # unset: the task's direction for its metric (pluginhost/tasks.py), else maximize
@@ -59,7 +57,7 @@ class Objective(_Strict):
         return -value if self.direction == "maximize" else value
 
 
-class Choose(_Strict):
+class Choose(Strict):
     """export.choose: which point of a multi-objective sweep's Pareto front is exported and
     registered. The points within ``within`` of the front's best values, then the best of them
     on ``prefer`` (ties: the other objectives in order, then the lower trial number). E.g. the

@@ -2,10 +2,13 @@
 database drivers installed here, in the form SQLAlchemy reads (``dialect[+driver]://...``).
 
 Only the form and the driver are checked (no connection: `validate` works offline, and the
-server may not be up yet); messages never show a password.
+server may not be up yet); messages never show a password. No URL in a spec (storage, warm
+start, MLflow) may hold one: the spec is recorded.
 """
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 # The databases Optuna's RDBStorage supports (its documentation and tests), with the URL to write.
 DATABASES = {
@@ -58,3 +61,17 @@ def _without_password(url: str) -> str:
     except Exception:  # not a URL: whatever follows an @ (a password would precede it)
         shown = url.rsplit("@", 1)[-1]
     return shown if len(shown) <= SHOWN else f"{shown[: SHOWN - 3]}..."
+
+
+def no_password(value: str | None, field: str, instead: str) -> str | None:
+    """A spec is recorded (spec.yaml, summary.json, MLflow, the study's ledger): no secret in it."""
+    try:
+        password = urlsplit(value).password if value else None
+    except ValueError:
+        password = None
+    if password:
+        raise ValueError(
+            f"{field} holds a password; the spec is recorded in summary.json, MLflow and the "
+            f"study's database: {instead}"
+        )
+    return value
