@@ -120,11 +120,12 @@ def test_two_owners_share_one_worker_fairly(workdir: Path, pg_url: str):
     finish(start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w"), workdir, "w")
     order = sorted((t.datetime_start, name) for name in "ab" for t in trials(pg_url, name))
     owners = [name for _, name in order]
-    # first in, first out would run all of alice's 6 trials first; fair share alternates the owners,
-    # switching once an owner is ahead by more than half a batch's device time (the owners stay
-    # within about a batch of 2 trials; 3 leaves room for a first trial slower than the rest)
+    # first in, first out would run all of alice's 6 trials first (a gap of 6). Fair share leaves an
+    # owner once it is ahead by more than half a batch's device time, so after alice's first batch
+    # of 2 the worker always turns to bob. It evens device time, not trial counts: under load, bob's
+    # 2 trials may cost as much as alice's 4 (seen in a loaded run), and the gap in trials reaches 4.
     gap = max(abs(owners[:k].count("a") - owners[:k].count("b")) for k in range(1, len(owners) + 1))
-    assert gap <= 3, owners
+    assert owners[:3].count("b") >= 1 and gap <= 4, owners
     assert queue_rows(pg_url)["b"]["state"] == "finished"
 
 

@@ -35,7 +35,6 @@ from sweeper.trial.outcome import Decide, Outcome, devices_used
 from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import timed_out_reason
 
-POLL_S = 1.0  # how often the launcher looks at the clock while no rank speaks
 # past train.max_trial_seconds the ranks stop themselves (trial/time_limit.py); a rank stuck in a
 # native call cannot: after this much longer they are killed from here
 KILL_AFTER_S = 30.0
@@ -109,7 +108,8 @@ class Gang:
                 out = Outcome(config.number, TrialState.FAILED, history=history, failure=FailureKind.TIMED_OUT)
                 out.reason = timed_out_reason(limit or 0, time.perf_counter() - started, how="killed")
                 return out
-            for ready in wait(list(listening.values()), timeout=POLL_S):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())  # None: no limit
+            for ready in wait(list(listening.values()), timeout=left):
                 rank = next(r for r, c in listening.items() if c is ready)
                 conn = listening[rank]
                 try:

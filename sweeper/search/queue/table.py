@@ -120,6 +120,7 @@ class Queue:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._has_ledger = False  # sweeper_spent exists (a sweep's ledger made it); once true, stays
         try:
             self.engine = engine_for(url)
             racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
@@ -243,7 +244,8 @@ class Queue:
     def spent(self) -> dict[str, float]:
         """Device-seconds each sweep's finished trials used (its ledger's sweeper_spent row)."""
         with self.engine.connect() as db:
-            if not sa.inspect(db).has_table(SPENT.name):
+            self._has_ledger = self._has_ledger or sa.inspect(db).has_table(SPENT.name)
+            if not self._has_ledger:  # no sweep has run yet: the workers look once per decision until one has
                 return {}
             return {r.study: float(r.device_seconds) for r in db.execute(sa.select(SPENT))}
 
@@ -329,18 +331,20 @@ ADDED = (
 def _add_columns(engine: sa.Engine, url: str) -> None:
     """The columns of ADDED that a queue's tables, created before them, lack (rows: the default)."""
 
-    def has(table: sa.Table, column: str) -> bool:
+    def columns() -> set[tuple[str, str]]:
         with engine.connect() as db:
-            return column in {c["name"] for c in sa.inspect(db).get_columns(table.name)}
+            inspector = sa.inspect(db)
+            return {(t, c["name"]) for t in {t.name for t, _, _ in ADDED} for c in inspector.get_columns(t)}
 
+    present = columns()  # one inspection per open; a second only where an ALTER failed
     for table, column, definition in ADDED:
-        if has(table, column):
+        if (table.name, column) in present:
             continue
         try:
             with engine.begin() as db:
                 db.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column} {definition}"))
         except sa.exc.SQLAlchemyError as exc:
-            if has(table, column):  # another process added it meanwhile: fine
+            if (table.name, column) in columns():  # another process added it meanwhile: fine
                 continue
             raise UserError(
                 f"--queue {safe_url(url)}: table {table.name} predates its {column} column and this role "
