@@ -25,23 +25,28 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Modules whose tests start a local Ray (or join one): kept on one test worker, one Ray at a time
 RAY_MODULES = {"test_ray", "test_faults", "test_objectives"}
-# The groups that take longest (each 1-10 worker-minutes, `./dev test --durations=40`), handed
-# out first (./dev test passes --no-loadscope-reorder, which keeps this order): one of them
-# started last would keep one worker busy while the other has nothing left to do
+# The groups that take longest (each 1-10 worker-minutes), handed out first, longest first
+# (./dev test passes --no-loadscope-reorder, which keeps this order): one of them started last
+# would keep one worker busy while the other has nothing left to do. Measured under load with
+# `./dev test --durations=0` (a group's time: its tests' setup, call and teardown summed).
 LONGEST_FIRST = (
     "ray",
-    "test_gpu_check",
-    "test_distributed",
     "test_queue",
+    "test_distributed",
+    "test_gpu_check",
     "test_deploy_rehearsal",
+    "test_ddp",
+    "test_sweep",
+    "test_export",
     "test_example_plugin",
     "test_budgets",
-    "test_journal",
-    "test_wheel",
-    "test_browser",
     "test_mlflow_server",
-    "test_fused",
+    "test_earlier_sweeps",
+    "test_wheel",
     "test_fused_sweeps",
+    "test_fused",
+    "test_journal",
+    "test_browser",
 )
 
 
