@@ -113,6 +113,48 @@ def test_priority_first_and_each_sweep_summarised_and_exported_once(workdir: Pat
         assert len(summary["trials"]) == 4 and "error" not in summary["export"]["formats"][0]
 
 
+def _dead(pid: int) -> bool:
+    """Whether process ``pid`` is gone (or a zombie nobody reaped: a container's init may not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_trains_on_while_its_ended_sweep_is_summarised_and_dies_with_it(
+    workdir: Path, site: Path, pg_url: str
+):
+    from conftest import install_test_plugin
+
+    install_test_plugin(site, "sweeper_test_held", {"sweeper.datasets": {"held": "sweeper_test_held:held"}})
+    held = workdir / "held"
+    first = write_spec(
+        workdir / "first.yaml",
+        name="first",
+        tracking={"enabled": False},
+        dataset={"plugin": "held", "args": {"folder": str(held)}},
+        search={"sampler": "random", "pruner": {"type": "none"}, "n_trials": 1, "batch_size": 1},
+    )
+    sweeper("submit", str(first), "--queue", pg_url, "--priority", "1", check=True)
+    sweeper("submit", str(smoke(workdir, "next", n_trials=2, batch_size=2)), "--queue", pg_url, check=True)
+    w = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w")
+    # the first sweep's one trial ended: its summary's process holds at its data set, and the
+    # worker trains the other sweep's trials meanwhile
+    wait_for(lambda: (held / "blocked").exists(), w, what="the first sweep's summary holding")
+    done = lambda: [t.state.name for t in trials(pg_url, "next")] == ["COMPLETE", "COMPLETE"]  # noqa: E731
+    wait_for(done, w, what="the next sweep's trials, trained while the first is summarised")
+    assert queue_rows(pg_url)["first"]["state"] == "finishing"
+    # the worker killed: its summarising process dies with it (a successor finishes the sweep
+    # once, after the worker's heartbeat is LIVE_S old), and writes nothing
+    summarising = int((held / "blocked").read_text())
+    assert summarising != w.pid
+    os.kill(w.pid, signal.SIGKILL)
+    w.wait()
+    wait_for(lambda: _dead(summarising), what="the summarising process dying with its worker")
+    assert not (workdir / "runs" / "first" / "summary.json").exists()
+    assert queue_rows(pg_url)["first"]["state"] == "finishing"
+
+
 def test_two_owners_share_one_worker_fairly(workdir: Path, pg_url: str):
     for name, owner in (("a", "alice"), ("b", "bob")):
         spec = smoke(workdir, name, n_trials=6, batch_size=2)

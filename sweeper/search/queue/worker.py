@@ -12,8 +12,9 @@ uninterrupted run trains (on the CPU).
 
 Finishing: when a worker leaves a sweep whose budget is spent and whose every trial has ended, it
 moves the sweep from running to finishing in one compare-and-set UPDATE; the one that succeeds
-summarises and exports it (`sweeper run`'s end: runner role "finish") and marks it finished. An
-idle worker looks for such sweeps too (whose last workers were killed), and takes over the
+hands it to its finishing process, which summarises and exports it (finish.py: `sweeper run`'s
+end, runner role "finish") and marks it finished; the worker goes on serving trials meanwhile.
+An idle worker looks for such sweeps too (whose last workers were killed), and takes over the
 finishing of a worker that stopped renewing its heartbeat.
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 from sweeper.errors import SweepStopped, UserError
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
+from sweeper.search.queue import finish
 from sweeper.search.queue.policy import Pool, ahead_by, choose, preempted_for
 from sweeper.search.queue.table import LIVE_S, OPEN, Entry, Offer, Queue
 from sweeper.spec import SweepSpec
@@ -61,6 +63,7 @@ class QueueWorker:
         self.served = 0  # sweeps entered
         # the sweeps visited, in the order last visited: dry build done, the last ones' data sets kept
         self.visits: dict[str, Any] = {}
+        self.finisher = finish.Finisher(url, out_root, self.me, say)  # summarises the sweeps it ends
         self._stop = threading.Event()
 
     def run(self) -> int:
@@ -69,25 +72,27 @@ class QueueWorker:
         self.queue.join(self.me, self.offer)
         beat = threading.Thread(target=self._beat, name="sweeper-queue-heartbeat", daemon=True)
         beat.start()
-        finished = 0
         try:
             while True:
+                self.finisher.check(self.queue)
                 entry = self._next()
                 if entry is not None:
-                    finished += self._serve(entry)
+                    self._serve(entry)
                     continue
-                done = self._finish_orphans()
-                finished += done
-                if done:
+                if self._finish_orphans():
                     continue
                 if self.drain and not any(
                     e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
                 ):
-                    return finished
+                    self.finisher.close()
+                    return self.finisher.finished(self.queue)
                 time.sleep(POLL_S)
         finally:
             for visit in self.visits.values():
                 visit.close()
+            # interrupted (its finishing process was too: one process group): what it held stays
+            # finishing, under a finisher that left, for another worker to take over
+            self.finisher.close()
             self._stop.set()
             beat.join(timeout=HEARTBEAT_S)
             self.queue.leave(self.me)
@@ -117,9 +122,9 @@ class QueueWorker:
             resting.add(also_resting)
         return choose(self._pool(), self.offer, self.me, resting)
 
-    def _serve(self, entry: Entry) -> int:
-        """Serve ``entry`` until it has nothing to claim or another sweep comes first; 1 if this
-        worker then finished it."""
+    def _serve(self, entry: Entry) -> None:
+        """Serve ``entry`` until it has nothing to claim or another sweep comes first; then
+        finish it if its trials have all ended."""
         from sweeper.search import runner
         from sweeper.track.progress import QuietObserver
 
@@ -127,10 +132,10 @@ class QueueWorker:
             spec = self._spec(entry)
         except UserError as exc:
             self._fail(entry, str(exc))
-            return 0
+            return
         if not self.queue.take_seat(self.me, entry, LIVE_S):  # another worker took its owner's last device
             self.resting[entry.name] = time.time() + POLL_S
-            return 0
+            return
         self.queue.move(entry.name, ("queued",), state="running", started_at=time.time())
         self.say(f"serving sweep '{entry.name}' (owner {entry.owner}, priority {entry.priority})")
         self.served += 1
@@ -179,78 +184,65 @@ class QueueWorker:
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
             self.visits.pop(entry.name).close()
-            return 0
+            return
         except Exception:  # a fault of this visit (the database away a moment): said; the queue goes on
             traceback.print_exc()
             self.visits.pop(entry.name).close()
             self.resting[entry.name] = time.time() + FAULT_REST_S
-            return 0
+            return
         finally:
             self.queue.serve(self.me, None)
         if left["for"] != "other":  # nothing to claim there now
             self.resting[entry.name] = time.time() + REST_S
-        return int(left["for"] is None and self._finish(entry, spec))
+        if left["for"] is None:
+            self._finish(entry, spec)
 
     def _state(self, name: str) -> str:
         return self.queue.entry(name).state
 
     def _spec(self, entry: Entry) -> SweepSpec:
-        from sweeper.spec import validate
-
-        # its study and ledger as this worker reaches the queue's database (its host, its role)
-        search = {**entry.spec["search"], "storage": self.url}
-        return validate({**entry.spec, "search": search}, f"queued sweep '{entry.name}'")
+        return finish.queued_spec(entry, self.url)
 
     def _out(self, entry: Entry) -> Path:
         return self.out_root / entry.name
 
     def _fail(self, entry: Entry, why: str) -> None:
-        if self.queue.move(entry.name, (*OPEN, "finishing"), state="failed", ended_at=time.time(), note=why):
-            self.say(f"sweep '{entry.name}' failed: {why}")
+        finish.fail(self.queue, entry.name, why, self.say)
 
     def _finish(self, entry: Entry, spec: SweepSpec) -> bool:
-        """Summarise and export the sweep if its trials have all ended and no other worker does."""
+        """Start finishing the sweep if its trials have all ended and no other worker does; True if
+        this worker does."""
         if not ended(self.url, spec):
             return False
         if not self.queue.move(entry.name, OPEN, state="finishing", finisher=self.me):
             return False
-        return self._summarise(entry, spec)
-
-    def _summarise(self, entry: Entry, spec: SweepSpec) -> bool:
-        from sweeper.search import runner
-        from sweeper.track.progress import QuietObserver
-
-        self.say(f"finishing sweep '{entry.name}': summary and export")
-        try:
-            summary = runner.run_sweep(spec, self._out(entry), QuietObserver(), role="finish")
-        except (UserError, SweepStopped) as exc:
-            self._fail(entry, str(exc))
-            return False
-        if entry.name in self.visits:  # the sweep is done: what its visits kept goes
-            self.visits.pop(entry.name).close()
-        note = str((self._out(entry) / "summary.json").resolve())
-        self.queue.move(entry.name, ("finishing",), state="finished", ended_at=time.time(), note=note)
-        best = summary.get("best") or {}
-        self.say(f"finished sweep '{entry.name}': best {best.get('value')} (trial {best.get('number')}); {note}")
+        self._summarise(entry)
         return True
 
-    def _finish_orphans(self) -> int:
+    def _summarise(self, entry: Entry) -> None:
+        """The sweep's summary and export handed to the finishing process (finish.py)."""
+        if entry.name in self.visits:  # the sweep is done: what its visits kept goes
+            self.visits.pop(entry.name).close()
+        pid = self.finisher.hand(entry.name)
+        self.say(f"finishing sweep '{entry.name}': summary and export (process {pid})")
+
+    def _finish_orphans(self) -> bool:
         """Idle: finish the sweeps whose trials all ended while no worker left them (their last
-        workers were killed), and those whose finisher stopped renewing its heartbeat."""
+        workers were killed), and those whose finisher stopped renewing its heartbeat; whether
+        this worker began finishing any."""
         live = {w["worker"] for w in self.queue.workers(LIVE_S)}
         known = set(studies(self.url, safe_url))
-        done = 0
+        began = False
         for entry in self.queue.entries():
             if entry.state == "running" and entry.name in known and self.resting.get(entry.name, 0) <= time.time():
                 spec = self._spec(entry)
                 self.resting[entry.name] = time.time() + REST_S
-                done += self._finish(entry, spec)
+                began |= self._finish(entry, spec)
             elif entry.state == "finishing" and entry.finisher not in live:
-                if self.queue.move(entry.name, ("finishing",), finisher=self.me) and self._summarise(
-                    entry, self._spec(entry)
-                ):
-                    done += 1
-        return done
+                if self.queue.move(entry.name, ("finishing",), finisher=self.me):
+                    self._summarise(entry)
+                    began = True
+        return began
 
 
 def ended(url: str, spec: SweepSpec) -> bool:
