@@ -268,6 +268,36 @@ def test_a_preempted_trial_resumes_from_its_epoch_bitwise(workdir: Path, gate: P
     assert bits(resumed["history"]) == bits(reference["history"]) and len(reference["history"]) == 3
 
 
+def test_a_worker_stopped_with_sigterm_releases_its_trial_at_the_epoch_end(workdir: Path, gate: Path, pg_url: str):
+    from sweeper.search.queue.table import LIVE_S, Queue
+
+    sweeper("submit", str(gated(workdir, gate, None, n_trials=1, batch_size=1)), "--queue", pg_url, check=True)
+    a = start(workdir, "worker", "--queue", pg_url, "--out", "runs", log="a")  # no --drain: serves until stopped
+    wait_for(lambda: (gate / "blocked").exists(), a, what="trial 0 at its gate (epoch 2)")
+    a.send_signal(signal.SIGTERM)  # as `docker compose stop` or a deleted pod does
+    wait_for(lambda: "stopping (SIGTERM)" in (workdir / "a.log").read_text(), a, what="worker a stopping")
+    (gate / "release").touch()  # epoch 2 ends: the trial stops there, its state saved, released
+    finish(a, workdir, "a")
+    assert "worker done: stopped on SIGTERM" in (workdir / "a.log").read_text()
+    first, retry = trials(pg_url)
+    # released at once (no lease to run out), not counted as a lost attempt, to continue from its state
+    assert first.state.name == "FAIL" and retry.state.name == "WAITING"
+    assert retry.user_attrs["sweeper_preemptions"] == 1 and Path(retry.user_attrs["sweeper_resume"]).exists()
+    queue = Queue(pg_url)
+    try:
+        assert queue.workers(LIVE_S) == []  # its row and its device seat gone with it
+    finally:
+        queue.close()
+
+    b = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="b")
+    finish(b, workdir, "b")
+    stopped, resumed = json.loads((workdir / "runs" / "smoke" / "summary.json").read_text())["trials"]
+    assert stopped["reason"].startswith("interrupted: preempted after epoch 2 for worker ")
+    assert "stopping (SIGTERM); retried" in stopped["reason"]
+    assert len(stopped["history"]) == 2 and len(resumed["history"]) == 3 and resumed["state"] == "complete"
+    assert queue_rows(pg_url)["smoke"]["state"] == "finished"
+
+
 def test_database_roles_let_a_submitter_change_only_its_own_sweeps(
     workdir: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ):

@@ -30,7 +30,8 @@ def serve_queue(
     gpus = f"{offer.devices} x " if offer.devices > 1 else ""
     typer.echo(f"worker {worker.me} serving the queue; offers {gpus}{offer.device} with {offer.memory_gb:.0f} GB")
     finished = worker.run()
-    typer.echo(f"worker done: no open sweep it can serve ({worker.served} served, {finished} finished here)")
+    why = f"stopped on {worker.stopping}" if worker.stopping else "no open sweep it can serve"
+    typer.echo(f"worker done: {why} ({worker.served} served, {finished} finished here)")
 
 
 QUEUE_URL = typer.Argument(..., help="the queue's database URL (of `sweeper submit --queue`)", show_default=False)

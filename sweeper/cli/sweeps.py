@@ -74,12 +74,13 @@ def worker(
         help="with --queue: the GPUs offered (a sweep of train.devices N needs N) [default: the GPUs it sees]",
     ),
     drain: bool = typer.Option(
-        False, "--drain", help="with --queue: exit once no sweep it can serve is open (else: serve until interrupted)"
+        False, "--drain", help="with --queue: exit once no sweep it can serve is open (else: serve until stopped)"
     ),
 ) -> None:
     """Join a sweep (search.backend optuna) and train its trials until its budget is spent; any
     number of workers on any machines share one study (search.storage). With --queue: serve the
-    queue's sweeps by priority and fair share until interrupted."""
+    queue's sweeps by priority and fair share until stopped (SIGTERM: its trial stops at its
+    epoch's end and is released for another worker to resume)."""
     from sweeper.search import runner
     from sweeper.spec import load, validate
     from sweeper.track.progress import QuietObserver, RichObserver

@@ -16,16 +16,25 @@ hands it to its finishing process, which summarises and exports it (finish.py: `
 end, runner role "finish") and marks it finished; the worker goes on serving trials meanwhile.
 An idle worker looks for such sweeps too (whose last workers were killed), and takes over the
 finishing of a worker that stopped renewing its heartbeat.
+
+Stopping: SIGTERM (`docker compose stop`, a deleted pod, a scale-down) stops the worker gracefully:
+no new claim, its trial stopped at the end of its epoch and released as a preempted one (its state
+saved, a retry queued at once for any worker), the sweeps handed to its finishing process
+finished, its row removed; then it exits 0. A second SIGTERM, or SIGINT, stops it at once (its
+trial then waits for its lease to run out, as after SIGKILL). Without a handler a container's
+PID 1 ignores SIGTERM, and the platform's SIGKILL follows its grace period.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,29 +73,19 @@ class QueueWorker:
         # the sweeps visited, in the order last visited: dry build done, the last ones' data sets kept
         self.visits: dict[str, Any] = {}
         self.finisher = finish.Finisher(url, out_root, self.me, say)  # summarises the sweeps it ends
+        self.stopping: str | None = None  # the signal that asked this worker to stop, once one did
         self._stop = threading.Event()
 
     def run(self) -> int:
-        """Serve the queue until interrupted (or, with ``drain``, until no sweep it can serve is
-        open, nor one finishing); the number of sweeps this worker finished."""
+        """Serve the queue until stopped (SIGTERM: gracefully, see the module's doc) or interrupted
+        (or, with ``drain``, until no sweep it can serve is open, nor one finishing); the number of
+        sweeps this worker finished."""
         self.queue.join(self.me, self.offer)
         beat = threading.Thread(target=self._beat, name="sweeper-queue-heartbeat", daemon=True)
         beat.start()
         try:
-            while True:
-                self.finisher.check(self.queue)
-                entry = self._next()
-                if entry is not None:
-                    self._serve(entry)
-                    continue
-                if self._finish_orphans():
-                    continue
-                if self.drain and not any(
-                    e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
-                ):
-                    self.finisher.close()
-                    return self.finisher.finished(self.queue)
-                time.sleep(POLL_S)
+            with self._stops_on(signal.SIGTERM):
+                return self._loop()
         finally:
             for visit in self.visits.values():
                 visit.close()
@@ -97,6 +96,47 @@ class QueueWorker:
             beat.join(timeout=HEARTBEAT_S)
             self.queue.leave(self.me)
             self.queue.close()
+
+    @contextlib.contextmanager
+    def _stops_on(self, signum: signal.Signals) -> Iterator[None]:
+        """``signum`` stops this worker gracefully, a second one at once (the main thread only:
+        Python runs signal handlers there)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handle(received: int, frame: object) -> None:
+            if self.stopping is not None:
+                raise KeyboardInterrupt
+            self.stopping = signal.Signals(received).name
+            # os.write, not print: the handler may run inside another write to the same stream
+            line = f"stopping ({self.stopping}): no new trial; the one training stops at its epoch's end, released\n"
+            os.write(sys.stderr.fileno(), line.encode())
+
+        before = signal.signal(signum, handle)
+        try:
+            yield
+        finally:
+            signal.signal(signum, before)
+
+    def _loop(self) -> int:
+        while True:
+            if self.stopping is not None:
+                self.finisher.close()
+                return self.finisher.finished(self.queue)
+            self.finisher.check(self.queue)
+            entry = self._next()
+            if entry is not None:
+                self._serve(entry)
+                continue
+            if self._finish_orphans():
+                continue
+            if self.drain and not any(
+                e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
+            ):
+                self.finisher.close()
+                return self.finisher.finished(self.queue)
+            time.sleep(POLL_S)
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -146,6 +186,9 @@ class QueueWorker:
         trained = {"spent": 0.0, "unit": 0.0}
 
         def elsewhere(waiting: bool, spent: float) -> bool:
+            if self.stopping is not None:  # no new claim: the trials held finish (or stop at an epoch's end)
+                left["for"] = "other"
+                return True
             if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
                 if self._next(also_resting=entry.name) is not None:
                     left["for"] = "wait"
@@ -171,6 +214,8 @@ class QueueWorker:
             return False  # another sweep of the same owner and priority: this one goes on (no switch)
 
         def preempt() -> str | None:
+            if self.stopping is not None:
+                return f"for worker {self.me} stopping ({self.stopping})"
             wanted = preempted_for(self._pool(), self.me, entry, self._resting())
             return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
 
