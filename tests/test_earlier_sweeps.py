@@ -15,7 +15,11 @@ import pytest
 import sqlalchemy as sa
 from conftest import SPACES, sweeper, write_spec
 from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
+
+from sweeper.search.optuna import earlier as lessons_of
+from sweeper.spec import load
 
 FAST = {"epochs": 1, "batch_size": 32, "device": "cpu"}
 # one range test of 20 steps, its suggestion enqueued: the earlier sweep's cache is reused
@@ -74,16 +78,17 @@ def test_warm_start_from_a_folder(workdir: Path, earlier: Path):
     assert {t.user_attrs["sweeper_earlier"]["source"] for t in seen} == {str(earlier)}
     assert len(after["trials"]) == 4  # the budget: this sweep's own trials only
     assert after["counts"]["complete"] == 4
-    # the best earlier trials are re-evaluated first, with their parameters: those within 1 % of the
-    # best value cheapest first (their device seconds), then the others best first
-    top = max(t["value"] for t in before["trials"])
-    ranked = sorted(
-        before["trials"],
-        key=lambda t: (t["value"] < 0.99 * top, t["device_seconds"] if t["value"] >= 0.99 * top else 0, -t["value"]),
-    )
-    assert [t["params"] for t in after["trials"][:3]] == [t["params"] for t in ranked]  # then the LR finder's trial
+    # the best earlier trials are re-evaluated first, with their parameters, in the order best()
+    # gives them (the rule: test_the_first_re_evaluated_are_the_best_unless_a_near_best_costs_half)
+    found = [
+        lessons_of.Lesson(0, t["number"], TrialState.COMPLETE, t["params"], [t["value"]], None, t["device_seconds"])
+        for t in before["trials"]
+    ]
+    ranked = lessons_of.best(load(s), found)
+    assert len(ranked) == 3
+    assert [t["params"] for t in after["trials"][:3]] == ranked  # then the LR finder's trial
     assert after["warm_start"]["observations"] == 3
-    assert after["warm_start"]["re_evaluated"] == [t["params"] for t in ranked]
+    assert after["warm_start"]["re_evaluated"] == ranked
     assert after["best"]["number"] in {t["number"] for t in after["trials"]}  # never an observation
     # the LR warm start reused the earlier sweep's range test (same data, model, optimizer, seed)
     assert after["lr_finder"]["findings"][0]["seconds"] == before["lr_finder"]["findings"][0]["seconds"]
@@ -215,9 +220,6 @@ def test_an_earlier_trial_is_fitted_to_the_new_space():
 
 
 def test_an_earlier_sweep_in_postgresql_gives_the_same_lessons(workdir: Path, earlier: Path, pg_url: str):
-    from sweeper.search.optuna import earlier as lessons_of
-    from sweeper.spec import load
-
     optuna.copy_study(from_study_name="a", from_storage=f"sqlite:///{earlier / 'optuna.db'}", to_storage=pg_url)
     from_folder = load(spec(workdir / "f.yaml", "f", 1, warm_start=[str(earlier)]), [])
     from_pg = load(spec(workdir / "g.yaml", "g", 1, warm_start=[f"{pg_url}#a"]), [])
@@ -234,9 +236,6 @@ def test_an_earlier_sweep_in_postgresql_gives_the_same_lessons(workdir: Path, ea
 def test_an_earlier_sweep_in_mlflow_gives_the_same_lessons_as_its_folder(workdir: Path, mlflow_uri: str):
     """``mlflow:EXPERIMENT`` reads the trial runs an earlier sweep logged: the same lessons (numbers,
     parameters typed by the space, values) as its study, which may be gone."""
-    from sweeper.search.optuna import earlier as lessons_of
-    from sweeper.spec import load
-
     tracked = {"enabled": True, "mlflow_uri": mlflow_uri, "experiment": "earlier-in-mlflow"}
     sweeper("run", str(spec(workdir / "m.yaml", "m", 3, tracking=tracked)), "--out", "m", "-q", check=True)
     from_folder = load(spec(workdir / "f.yaml", "f", 1, warm_start=["m"]), [])
@@ -261,12 +260,7 @@ def test_an_earlier_sweep_in_mlflow_gives_the_same_lessons_as_its_folder(workdir
     assert summary(Path("w"))["warm_start"]["observations"] == 3
 
 
-def test_the_first_re_evaluated_are_the_cheapest_of_the_near_best():
-    from optuna.trial import TrialState
-
-    from sweeper.search.optuna import earlier as lessons_of
-    from sweeper.spec import load
-
+def test_the_first_re_evaluated_are_the_best_unless_a_near_best_costs_half():
     spec = load(SPACES / "smoke.yaml")  # maximizes val_acc
 
     def lesson(number: int, value: float, seconds: float | None) -> lessons_of.Lesson:
@@ -275,14 +269,16 @@ def test_the_first_re_evaluated_are_the_cheapest_of_the_near_best():
     found = [
         lesson(0, 0.90, 1.0),
         lesson(1, 0.990, 30.0),
-        lesson(2, 0.985, 5.0),
+        lesson(2, 0.985, 5.0),  # near-best at a quarter of the best's cost: first
         lesson(3, 0.992, 20.0),  # the best; 1 % below it: 0.982
-        lesson(4, 0.95, 0.5),
-        lesson(5, 0.991, None),  # near-best, its cost not recorded (an MLflow source): after the known
+        lesson(4, 0.95, 0.5),  # cheapest of all, but not near-best
+        lesson(5, 0.991, None),  # near-best, its cost not recorded (an MLflow source): by its value
+        lesson(7, 0.989, 15.0),  # cheaper than the best by less than half (timing noise): not before it
         lessons_of.Lesson(0, 6, TrialState.PRUNED, {"x": 6}, [0.999], 2, 0.1),  # pruned: never re-evaluated
     ]
-    assert lessons_of.best(spec, found) == [{"x": 2}, {"x": 3}, {"x": 1}]
-    assert lessons_of.best(spec, found, k=6) == [{"x": n} for n in (2, 3, 1, 5, 4, 0)]
+    assert lessons_of.best(spec, found) == [{"x": 2}, {"x": 3}, {"x": 5}]
+    # 7 costs half of 1: before it; then the others, best first
+    assert lessons_of.best(spec, found, k=7) == [{"x": n} for n in (2, 3, 5, 7, 1, 4, 0)]
     # the sweep's own first trials (its base point, ...) that an earlier trial measured are not run again
     assert lessons_of.unmeasured(found, [{"x": 4}, {"x": 9}]) == [{"x": 9}]
 
