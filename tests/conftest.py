@@ -53,9 +53,9 @@ LONGEST_FIRST = (
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` run only where CUDA is available (tests/test_gpu.py). Each test gets
-    its pytest-xdist group (``./dev test`` runs three workers, ``--dist loadgroup``): its module, so
+    its pytest-xdist group (``./dev test`` runs two workers, ``--dist loadgroup``): its module, so
     that a module's shared sweeps (module fixtures) are made once, on one worker; the Ray modules
-    share one group; the gpu_check processes are groups of their own, so several workers take some.
+    share one group; the gpu_check processes are groups of their own, so both workers take some.
     The groups of LONGEST_FIRST come first, in its order (a stable sort keeps a module's tests
     together and in their order)."""
     for item in items:

@@ -14,7 +14,7 @@ from conftest import REPO
 CPU_FUSED = (4, 8)  # benchmarks/gpu_check.py's CPU_FUSED: the digits sweeps' sizes with --cpu
 
 
-# The checks in three processes, so that the test workers can share them (export_on_cpu exports
+# The checks in three processes, so that two test workers can share them (export_on_cpu exports
 # the sweep check's best trial, so the two run together); each process pays ~10 s of imports.
 GROUPS = (
     ("sweep", "export_on_cpu", "deterministic"),

@@ -1,4 +1,4 @@
-"""The suite's own set-up: ``./dev test`` runs three pytest-xdist workers with ``--dist loadgroup``,
+"""The suite's own set-up: ``./dev test`` runs two pytest-xdist workers with ``--dist loadgroup``,
 each test in its module's group (tests/conftest.py), so that a module's shared sweeps (module
 fixtures) are made once and the Ray modules run one at a time."""
 
