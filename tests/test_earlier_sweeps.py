@@ -279,6 +279,9 @@ def test_the_first_re_evaluated_are_the_best_unless_a_near_best_costs_half():
     assert lessons_of.best(spec, found) == [{"x": 2}, {"x": 3}, {"x": 5}]
     # 7 costs half of 1: before it; then the others, best first
     assert lessons_of.best(spec, found, k=7) == [{"x": n} for n in (2, 3, 5, 7, 1, 4, 0)]
+    # trials that recorded no time (0 s) end the walk down to cheaper ones: it never loops
+    free = [lesson(8, 0.99, 0.0), lesson(9, 0.99, 0.0), lesson(10, 0.991, 3.0)]
+    assert lessons_of.best(spec, free) == [{"x": 8}, {"x": 9}, {"x": 10}]
     # the sweep's own first trials (its base point, ...) that an earlier trial measured are not run again
     assert lessons_of.unmeasured(found, [{"x": 4}, {"x": 9}]) == [{"x": 9}]
 

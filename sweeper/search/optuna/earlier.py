@@ -290,8 +290,9 @@ def best(spec: SweepSpec, found: list[Lesson], k: int = RE_EVALUATED) -> list[di
 
 def _costs_at_most(lesson: Lesson, share: float, other: Lesson) -> bool:
     """Whether ``lesson`` cost at most ``share`` of ``other``'s device seconds (False where either
-    is not recorded: an MLflow source records none)."""
-    if lesson.device_seconds is None or other.device_seconds is None:
+    is not recorded, an MLflow source records none, or ``other`` cost nothing: then nothing is
+    cheaper, and best()'s walk down to cheaper trials ends)."""
+    if lesson.device_seconds is None or other.device_seconds is None or not other.device_seconds > 0:
         return False
     return lesson.device_seconds <= share * other.device_seconds
 
