@@ -202,9 +202,10 @@ def cifar10(
     limit: int | None = None,
     seed: int = 0,
 ) -> DataSplits:
-    """CIFAR-10's 50,000 training images split into train/val by ``seed``; ``limit`` keeps only
-    the first N images (quick tries). ``download: true`` fetches the archive (needs internet);
-    an archive already in ``root`` is unpacked without network."""
+    """CIFAR-10's 50,000 training images split into train/val by ``seed``; its 10,000 test images
+    (``test_batch``) are the held-out test split. ``limit`` keeps only the first N images of each
+    (quick tries). ``download: true`` fetches the archive (needs internet); an archive already in
+    ``root`` is unpacked without network."""
     folder = Path(root) / FOLDER
     if not all((folder / name).exists() for name in TRAIN_FILES):
         _fetch(Path(root), download)
@@ -214,11 +215,14 @@ def cifar10(
     x = torch.from_numpy(images)  # uint8 pixels: normalised per batch on the device
     normalize = Normalize(1 / 255.0, MEAN, STD)
     train, val = split_indices(len(labels), val_fraction, seed)
+    test_images, test_labels = _read_batch(folder / "test_batch") if (folder / "test_batch").exists() else (None, [])
     return DataSplits(
         train_x=x[train],
         train_y=labels[train],
         val_x=x[val],
         val_y=labels[val],
+        test_x=torch.from_numpy(test_images[:limit]) if test_images is not None else None,
+        test_y=torch.tensor(test_labels[:limit], dtype=torch.int64) if test_images is not None else None,
         num_classes=10,
         class_names=_class_names(folder),
         train_transform=random_crop_flip if augment else None,

@@ -22,23 +22,50 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor,
     return order[n_val:], order[:n_val]
 
 
-def cut(x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, val: torch.Tensor, **fields: Any) -> DataSplits:
-    """The splits of samples ``x`` and targets ``y`` at index tensors ``train`` and ``val``."""
-    return DataSplits(train_x=x[train], train_y=y[train], val_x=x[val], val_y=y[val], **fields)
+def split_with_test(
+    n: int, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(train, val, test) indices: validation as ``split_indices`` cuts it (the same samples for
+    the same seed), then ``test_fraction`` of all samples held out of the rest for the test split
+    (None when 0)."""
+    train, val = split_indices(n, val_fraction, seed)
+    if test_fraction <= 0.0:
+        return train, val, None
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction + test_fraction must be below 1 (got {val_fraction} + {test_fraction})")
+    n_test = max(1, round(n * test_fraction))
+    return train[n_test:], val, train[:n_test]
+
+
+def cut(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    test: torch.Tensor | None = None,
+    **fields: Any,
+) -> DataSplits:
+    """The splits of samples ``x`` and targets ``y`` at index tensors ``train``, ``val`` and
+    (optional) ``test``."""
+    held = {"test_x": x[test], "test_y": y[test]} if test is not None else {}
+    return DataSplits(train_x=x[train], train_y=y[train], val_x=x[val], val_y=y[val], **held, **fields)
 
 
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]  # of the samples held out for validation
+# of the samples held out for the test split, which only scores the chosen trial after the sweep
+# (0: none); carved from what validation leaves, so the validation samples stay those of test_fraction 0
+TestFraction = Annotated[float, Field(ge=0.0, lt=1.0)]
 Samples = Annotated[int, Field(ge=1, le=10_000_000)]  # synthetic samples, held in memory
 
 
-def digits(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
+def digits(*, val_fraction: Fraction = 0.2, test_fraction: TestFraction = 0.2, seed: int = 0) -> DataSplits:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes): real data that
     needs no download. Pixels 0..16 are scaled to 0..1, then standardised with the training
-    split's mean and std."""
+    split's mean and std. A seeded ``test_fraction`` is held out for the test split."""
     pixels, labels = _digits_arrays()
     x = torch.tensor(pixels, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     y = torch.tensor(labels, dtype=torch.int64)
-    train, val = split_indices(len(y), val_fraction, seed)
+    train, val, test = split_with_test(len(y), val_fraction, test_fraction, seed)
     mean, std = x[train].mean().item(), x[train].std().item()
     x = (x - mean) / std
     return cut(
@@ -46,6 +73,7 @@ def digits(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
         y,
         train,
         val,
+        test,
         num_classes=10,
         class_names=tuple(str(d) for d in range(10)),
         normalization={"scale": 1 / 16.0, "mean": [mean], "std": [std]},
@@ -89,7 +117,7 @@ def synthetic(
     )
 
 
-def diabetes(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
+def diabetes(*, val_fraction: Fraction = 0.2, test_fraction: TestFraction = 0.2, seed: int = 0) -> DataSplits:
     """scikit-learn's bundled diabetes data (442 patients, 10 features; the target: disease
     progression a year later, 25..346): real regression data that needs no download (task
     regression). Features standardised with the training split's mean and std; targets as given."""
@@ -98,10 +126,10 @@ def diabetes(*, val_fraction: Fraction = 0.2, seed: int = 0) -> DataSplits:
     features, target = load_diabetes(return_X_y=True, scaled=False)
     x = torch.tensor(features, dtype=torch.float32)
     y = torch.tensor(target, dtype=torch.float32)
-    train, val = split_indices(len(y), val_fraction, seed)
+    train, val, test = split_with_test(len(y), val_fraction, test_fraction, seed)
     mean, std = x[train].mean(0), x[train].std(0)
     return cut(
-        (x - mean) / std, y, train, val, normalization={"scale": 1.0, "mean": mean.tolist(), "std": std.tolist()}
+        (x - mean) / std, y, train, val, test, normalization={"scale": 1.0, "mean": mean.tolist(), "std": std.tolist()}
     )
 
 
@@ -111,6 +139,7 @@ def synthetic_multilabel(
     num_features: Annotated[int, Field(ge=1, le=10_000)] = 20,
     num_labels: Annotated[int, Field(ge=1, le=1_000)] = 5,
     val_fraction: Fraction = 0.2,
+    test_fraction: TestFraction = 0.2,
     seed: int = 0,
 ) -> DataSplits:
     """scikit-learn's ``make_multilabel_classification`` (word counts drawn per sample from its
@@ -123,6 +152,6 @@ def synthetic_multilabel(
     )
     x = torch.tensor(features, dtype=torch.float32)
     y = torch.tensor(labels, dtype=torch.float32)
-    train, val = split_indices(len(y), val_fraction, seed)
+    train, val, test = split_with_test(len(y), val_fraction, test_fraction, seed)
     mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
-    return cut((x - mean) / std, y, train, val, class_names=tuple(f"label{i}" for i in range(num_labels)))
+    return cut((x - mean) / std, y, train, val, test, class_names=tuple(f"label{i}" for i in range(num_labels)))

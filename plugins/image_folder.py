@@ -1,5 +1,6 @@
 """Images in class folders: ``root/<class>/*.png|jpg|...``, or ``root/train/<class>/`` and
-``root/val/<class>/`` when the split is given on disk.
+``root/val/<class>/`` when the split is given on disk; ``root/test/<class>/`` beside
+``root/train/`` is the held-out test split (read once, after the sweep).
 
 Every image is decoded (Pillow) and resized once, to ``size`` x ``size`` pixels (the shorter side
 scaled to ``size``, the centre cropped), into one uint8 array (N, C, size, size) cached on disk as
@@ -47,35 +48,39 @@ def _class_files(folder: Path) -> dict[str, list[Path]]:
     return found
 
 
-def list_images(root: Path) -> tuple[tuple[str, ...], list[Path], list[int], int | None]:
+def list_images(root: Path) -> tuple[tuple[str, ...], list[Path], list[int], int | None, int]:
     """(class names, files, their class indices, how many of the files are training files when
-    ``root`` has train/ and val/ folders, else None)."""
+    ``root`` has train/ and val/ folders (else None: the seed cuts validation from them), how many
+    are test files). The files come in that order: training, validation, then the ``test/``
+    folder's (beside ``train/``), the held-out test split."""
     if not root.is_dir():
         raise FileNotFoundError(f"dataset.args.root: no folder {root.absolute()} (expected root/<class>/*.png)")
     split = (root / "train").is_dir() and (root / "val").is_dir()
-    train = _class_files(root / "train" if split else root)
+    top = (
+        root / "train" if (root / "train").is_dir() and ((root / "val").is_dir() or (root / "test").is_dir()) else root
+    )
+    train = _class_files(top)
     if len(train) < 2:
         raise ValueError(
-            f"{root / 'train' if split else root}: {len(train)} class folder(s) with images "
-            f"({', '.join(EXTENSIONS)}); a classifier needs at least 2"
+            f"{top}: {len(train)} class folder(s) with images ({', '.join(EXTENSIONS)}); a classifier needs at least 2"
         )
     classes = tuple(train)
     files = [f for name in classes for f in train[name]]
     labels = [i for i, name in enumerate(classes) for _ in train[name]]
-    if not split:
-        return classes, files, labels, None
-    val = _class_files(root / "val")
-    unknown = sorted(set(val) - set(classes))
-    if unknown:
-        raise ValueError(f"{root / 'val'}: class folder(s) {unknown} are not in {root / 'train'}")
-    if not val:
-        raise ValueError(f"{root / 'val'}: no images in class folders")
-    return (
-        classes,
-        files + [f for name in val for f in val[name]],
-        labels + [classes.index(name) for name in val for _ in val[name]],
-        len(files),
-    )
+    n_train, n_test = None, 0
+    for part in ("val", "test") if top != root else ():
+        found = _class_files(root / part) if (root / part).is_dir() else {}
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise ValueError(f"{root / part}: class folder(s) {unknown} are not in {top}")
+        if part == "val" and split:
+            if not found:
+                raise ValueError(f"{root / 'val'}: no images in class folders")
+            n_train = len(files)
+        files += [f for name in found for f in found[name]]
+        labels += [classes.index(name) for name in found for _ in found[name]]
+        n_test = sum(len(images) for images in found.values()) if part == "test" else 0
+    return classes, files, labels, n_train, n_test
 
 
 def cache_path(root: Path, cache: Path, files: list[Path], size: int, grayscale: bool) -> Path:
@@ -156,19 +161,21 @@ def image_folder(
 ) -> DataSplits | DatasetSplits:
     """Class-folder images resized to ``size`` x ``size`` (``grayscale``: one channel, else RGB),
     split into train/val by the ``train/`` and ``val/`` folders when ``root`` has them, else by
-    ``seed``. ``augment``: random crops (4-pixel padding) and flips on the device, or flips on
-    the DataLoader path. Held on the device while all images take at most ``max_memory_mb`` MiB
-    as uint8, read through a DataLoader beyond. ``cache``: where the decoded images go (default:
-    ``root/.sweeper-cache``)."""
+    ``seed``; a ``test/`` folder beside ``train/`` is the held-out test split. ``augment``: random
+    crops (4-pixel padding) and flips on the device, or flips on the DataLoader path. Held on the
+    device while all images take at most ``max_memory_mb`` MiB as uint8, read through a DataLoader
+    beyond. ``cache``: where the decoded images go (default: ``root/.sweeper-cache``)."""
     folder = Path(root)
-    classes, files, labels, n_train = list_images(folder)
+    classes, files, labels, n_train, n_test = list_images(folder)
     path = cached_pixels(folder, Path(cache) if cache else folder / ".sweeper-cache", files, size, grayscale)
     pixels = np.load(path, mmap_mode="r")
     y = torch.tensor(labels, dtype=torch.int64)
+    labelled = len(files) - n_test  # the training and validation files; the test folder's last
     if n_train is None:
-        train, val = split_indices(len(files), val_fraction, seed)
+        train, val = split_indices(labelled, val_fraction, seed)
     else:
-        train, val = torch.arange(n_train), torch.arange(n_train, len(files))
+        train, val = torch.arange(n_train), torch.arange(n_train, labelled)
+    test = torch.arange(labelled, len(files)) if n_test else None
     # per-channel statistics of the training images, read in chunks (the cache may not fit in memory)
     total, squares = np.zeros(pixels.shape[1]), np.zeros(pixels.shape[1])
     order = np.sort(train.numpy())
@@ -187,6 +194,8 @@ def image_folder(
             train_y=y[train],
             val_x=x[val],
             val_y=y[val],
+            test_x=x[test] if test is not None else None,
+            test_y=y[test] if test is not None else None,
             num_classes=len(classes),
             class_names=classes,
             train_transform=random_crop_flip if augment else None,
@@ -198,6 +207,8 @@ def image_folder(
         val=CachedImages(path, val, y[val], flip=False),
         train_y=y[train],
         val_y=y[val],
+        test=CachedImages(path, test, y[test], flip=False) if test is not None else None,
+        test_y=y[test] if test is not None else None,
         sample_shape=tuple(pixels.shape[1:]),
         num_classes=len(classes),
         class_names=classes,

@@ -30,8 +30,9 @@ CLASSES = 10
 
 def mnist1d(
     *,
-    num_train: Samples = 4_000,
+    num_train: Samples = 3_000,
     num_val: Samples = 1_000,
+    num_test: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000,  # held out for the test split (0: none)
     length: Annotated[int, Field(ge=4, le=10_000)] = 40,  # points per sequence (the benchmark's 40)
     shuffle_seq: bool = False,  # one permutation of the positions for all samples (the paper's spatial-prior test)
     root: str | None = "data/mnist1d",  # the cache folder; null: generate every time, write nothing
@@ -39,17 +40,21 @@ def mnist1d(
 ) -> DataSplits:
     """MNIST-1D's sequences as (N, length) float32 tensors, labels 0..9. ``seed`` seeds the
     generator (the samples and their order); the first ``num_train`` samples train, the next
-    ``num_val`` validate, as the benchmark's own train/test split does. The values are standardised
-    by the generator over all samples (the benchmark's definition), not refitted here."""
-    args = {"num_train": num_train, "num_val": num_val, "length": length, "shuffle_seq": shuffle_seq, "seed": seed}
-    x, y = _cached(args, root)
-    train, val = slice(0, num_train), slice(num_train, num_train + num_val)
+    ``num_val`` validate and the last ``num_test`` are the test split, as the benchmark's own cut
+    (its 4,000 training samples, of which validation takes 1,000 here, then its 1,000 test
+    samples). The values are standardised by the generator over all samples (the benchmark's
+    definition), not refitted here."""
+    total = num_train + num_val + num_test
+    x, y = _cached({"samples": total, "length": length, "shuffle_seq": shuffle_seq, "seed": seed}, root)
+    train, val, test = slice(0, num_train), slice(num_train, num_train + num_val), slice(num_train + num_val, total)
     xt, yt = torch.from_numpy(x).float(), torch.from_numpy(y).long()
     return DataSplits(
         train_x=xt[train],
         train_y=yt[train],
         val_x=xt[val],
         val_y=yt[val],
+        test_x=xt[test] if num_test else None,
+        test_y=yt[test] if num_test else None,
         num_classes=CLASSES,
         class_names=tuple(str(d) for d in range(CLASSES)),
     )
@@ -71,18 +76,15 @@ def _cached(args: dict[str, Any], root: str | None) -> tuple[np.ndarray, np.ndar
     return x, y
 
 
-def _generate(
-    *, num_train: int, num_val: int, length: int, shuffle_seq: bool, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``num_train + num_val`` samples from ``mnist1d.data.make_dataset`` (the generator draws
+def _generate(*, samples: int, length: int, shuffle_seq: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``samples`` samples from ``mnist1d.data.make_dataset`` (the generator draws
     from numpy's and Python's global generators: their states are put back afterwards, so
     loading the data leaves a trial's seeded state as it was)."""
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()  # the benchmark's defaults (padding, noise, shear, ...) for the rest
-    total = num_train + num_val
-    args.num_samples = -(-total // CLASSES) * CLASSES  # the generator makes num_samples // 10 per class
-    args.train_split = 1.0  # all in "x": the split is cut here, so any num_train/num_val works
+    args.num_samples = -(-samples // CLASSES) * CLASSES  # the generator makes num_samples // 10 per class
+    args.train_split = 1.0  # all in "x": the split is cut here, so any num_train/num_val/num_test works
     args.final_seq_length = length
     args.shuffle_seq = shuffle_seq
     args.seed = seed
@@ -92,4 +94,4 @@ def _generate(
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
-    return data["x"][:total].astype(np.float32), data["y"][:total].astype(np.int64)
+    return data["x"][:samples].astype(np.float32), data["y"][:samples].astype(np.int64)

@@ -31,14 +31,15 @@ from pydantic import Field
 from torch import nn
 
 from sweeper.plugin import DataSplits, IntRange, TabularFeatures, Uniform
-from sweeper_plugins.datasets import Fraction, split_indices
+from sweeper_plugins.datasets import Fraction, TestFraction, split_with_test
 from sweeper_plugins.models import Depth, Probability, Width
 
 if TYPE_CHECKING:
     import pandas as pd
 
 READERS = {".csv": "csv", ".tsv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
-SPLIT_VALUES = {"train": "train", "val": "val", "valid": "val", "validation": "val"}  # of a split column
+# of a split column
+SPLIT_VALUES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 MAX_CLASSES = 10_000  # more distinct integer targets than this: a regression target (target_type: number)
 
 
@@ -62,23 +63,26 @@ def _is_numeric(column: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
-def _train_rows(table: pd.DataFrame, split: str, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, val) row indices: from the ``split`` column when the table has one, else a seeded cut."""
+def _train_rows(
+    table: pd.DataFrame, split: str, val_fraction: float, test_fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(train, val, test) row indices: from the ``split`` column when the table has one (test: its
+    test rows, None without any), else a seeded cut (test: ``test_fraction`` of the rows)."""
     if split not in table.columns:
-        return split_indices(len(table), val_fraction, seed)
+        return split_with_test(len(table), val_fraction, test_fraction, seed)
     values = table[split].astype(str).str.strip().str.lower()
     unknown = sorted(set(values) - set(SPLIT_VALUES))
     if unknown:
         raise ValueError(
-            f"column '{split}' (dataset.args.split) holds {unknown[:3]}; expected train or val (valid, validation)"
+            f"column '{split}' (dataset.args.split) holds {unknown[:3]}; "
+            "expected train, val (valid, validation) or test"
         )
     kind = values.map(SPLIT_VALUES)
-    train = torch.tensor((kind == "train").to_numpy().nonzero()[0], dtype=torch.int64)
-    val = torch.tensor((kind == "val").to_numpy().nonzero()[0], dtype=torch.int64)
-    if len(train) == 0 or len(val) == 0:
-        empty = "train" if len(train) == 0 else "val"
+    rows = {k: torch.tensor((kind == k).to_numpy().nonzero()[0], dtype=torch.int64) for k in ("train", "val", "test")}
+    if len(rows["train"]) == 0 or len(rows["val"]) == 0:
+        empty = "train" if len(rows["train"]) == 0 else "val"
         raise ValueError(f"column '{split}' (dataset.args.split) leaves no {empty} rows")
-    return train, val
+    return rows["train"], rows["val"], rows["test"] if len(rows["test"]) else None
 
 
 def _targets(column: pd.Series, target_type: str) -> tuple[torch.Tensor, tuple[str, ...] | None]:
@@ -110,13 +114,15 @@ def tabular(
     target_type: Literal["auto", "category", "number"] = "auto",
     split: str = "split",
     val_fraction: Fraction = 0.2,
+    test_fraction: TestFraction = 0.2,
     seed: int = 0,
 ) -> DataSplits:
     """A CSV (``.csv``, ``.tsv``) or Parquet (``.parquet``) table; ``target`` names the column to
     predict (a float column: regression; integer, boolean or text: classification; ``target_type``
-    decides otherwise). Rows go to train/val by the column ``split`` (train or val) when the table
-    has it, else by a cut seeded by the sweep. ``categorical``: numeric columns to treat as
-    categories (codes, zip codes); ``drop``: columns to leave out (ids)."""
+    decides otherwise). Rows go to train/val/test by the column ``split`` (train, val or test) when
+    the table has it, else by a cut seeded by the sweep (``test_fraction`` of the rows held out for
+    the test split, which scores the chosen trial after the sweep; 0: none). ``categorical``:
+    numeric columns to treat as categories (codes, zip codes); ``drop``: columns to leave out (ids)."""
     table = read_table(Path(path))
     missing = [c for c in (target, *(categorical or []), *(drop or [])) if c not in table.columns]
     if missing:
@@ -124,7 +130,7 @@ def tabular(
     features = [c for c in table.columns if c not in {target, split, *(drop or [])}]
     if not features:
         raise ValueError(f"{path} has no feature columns besides the target '{target}'")
-    train, val = _train_rows(table, split, val_fraction, seed)
+    train, val, test = _train_rows(table, split, val_fraction, test_fraction, seed)
     y, class_names = _targets(table[target], target_type)
     forced = set(categorical or [])
     numeric = [c for c in features if _is_numeric(table[c]) and c not in forced]
@@ -159,6 +165,8 @@ def tabular(
         train_y=y[train],
         val_x=x[val],
         val_y=y[val],
+        test_x=x[test] if test is not None else None,
+        test_y=y[test] if test is not None else None,
         num_classes=len(class_names) if class_names else 0,
         class_names=class_names,
         features=layout,

@@ -32,6 +32,14 @@ TRAINING_SPLIT: dict[str, dict[str, Any]] = {
     "EMNIST": {"split": "balanced", "train": True},
     "EuroSAT": {},  # 64 x 64 satellite images, one split: held out by the seed
 }
+# How a data set's constructor asks for its test split, where it is not train=False (None: it has none).
+TEST_SPLIT: dict[str, dict[str, Any] | None] = {
+    "SVHN": {"split": "test"},
+    "STL10": {"split": "test"},
+    "QMNIST": {"what": "test"},
+    "EMNIST": {"split": "balanced", "train": False},
+    "EuroSAT": None,
+}
 # Data sets of same-sized images this plugin reads (the ones an unknown name's error suggests).
 KNOWN = (
     "MNIST",
@@ -95,6 +103,20 @@ def _open(name: str, root: Path, download: bool) -> Any:
         socket.setdefaulttimeout(previous)
 
 
+def _open_test(name: str, root: Path) -> Any | None:
+    """torchvision's test split of ``name`` under ``root`` when it is on disk (``_open`` fetched
+    it with the training split where ``download`` is true), else None."""
+    from torchvision import datasets
+
+    split = TEST_SPLIT.get(name, {"train": False})
+    if split is None:
+        return None
+    try:
+        return getattr(datasets, name)(str(root), download=False, **split)
+    except (RuntimeError, FileNotFoundError, TypeError):  # not on disk, or no such split
+        return None
+
+
 def _pixels_and_labels(dataset: Any, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
     """uint8 pixels (N, C, H, W) and int64 labels of a torchvision data set, the first ``limit``."""
     if hasattr(dataset, "data") and isinstance(dataset.data, np.ndarray | torch.Tensor):
@@ -129,7 +151,8 @@ def torchvision_dataset(
     seed: int = 0,
 ) -> DataSplits:
     """torchvision's classification data set ``name`` (its training split, the first ``limit``
-    images), split into train/val by ``seed``. ``download: true`` fetches it into ``root``
+    images), split into train/val by ``seed``; its test split (the first ``limit`` images), where
+    it is on disk, is the held-out test split. ``download: true`` fetches it into ``root``
     (needs internet). ``augment``: CIFAR's random crop (4-pixel padding) and horizontal flip
     (not for digits: a flipped digit is another shape)."""
     dataset = _open(name, Path(root), download)
@@ -143,11 +166,17 @@ def torchvision_dataset(
     mean = stats.mean((0, 2, 3))
     std = stats.std((0, 2, 3)).clamp(min=1e-6)
     normalize = Normalize(1 / 255.0, tuple(mean.tolist()), tuple(std.tolist()))
+    test = _open_test(name, Path(root))
+    test_x, test_y = (
+        (torch.from_numpy(a) for a in _pixels_and_labels(test, limit)) if test is not None else (None, None)
+    )
     return DataSplits(
         train_x=x[train],
         train_y=y[train],
         val_x=x[val],
         val_y=y[val],
+        test_x=test_x,
+        test_y=test_y,
         num_classes=num_classes,
         class_names=tuple(str(c) for c in classes) if classes else None,
         train_transform=random_crop_flip if augment else None,

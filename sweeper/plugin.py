@@ -6,7 +6,9 @@ Each kind has one entry-point group; the entry-point name is what a spec writes:
   (the sweep seed's "data" stream, so every trial sees the same split) is passed only when the
   factory accepts it. ``DataSplits``: whole tensors, batched by index on the device (the fast
   path); ``DatasetSplits``: map-style datasets read through a DataLoader (data larger than
-  memory, per-sample work, variable-length sequences with ``pad_collate``).
+  memory, per-sample work, variable-length sequences with ``pad_collate``). Either may carry a
+  held-out test split (``test_x``/``test_y``; ``test``/``test_y``) that only the scoring of the
+  chosen trial after the sweep reads.
 - ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``;
   ``num_classes`` is the model's output width, which the task sets (classes, labels or
   regression targets). A factory that declares ``features`` also gets the data set's
@@ -154,6 +156,11 @@ class DataSplits:
     val_y: torch.Tensor
     num_classes: int = 0  # classification: the number of classes; 0 for other targets
     class_names: tuple[str, ...] | None = None
+    # The held-out test split (optional; both or neither), as stored like train_x/val_x. No trial,
+    # sampler, pruner or warm start reads it: sweeper scores the chosen trial on it once, after the
+    # sweep (sweeper/trial/holdout.py), and nothing else may touch these tensors.
+    test_x: torch.Tensor | None = None
+    test_y: torch.Tensor | None = None
     # Batch augmentation, applied on the training device to each training batch:
     # (batch, generator) -> batch. The generator lives on the batch's device.
     train_transform: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
@@ -192,6 +199,16 @@ class DataSplits:
         example and reference inputs."""
         return self.inputs(self.val_x[:limit])
 
+    def held_out(self) -> DataSplits | None:
+        """These splits with the test split in the validation split's place, for scoring the
+        chosen trial after the sweep with the code that evaluates a trial; None without one.
+        ``to`` leaves the test tensors where the plugin made them (and untouched)."""
+        if self.test_x is None or self.test_y is None:
+            return None
+        from dataclasses import replace
+
+        return replace(self, val_x=self.test_x, val_y=self.test_y, test_x=None, test_y=None)
+
 
 @dataclass(frozen=True, eq=False)
 class DatasetSplits:
@@ -211,6 +228,10 @@ class DatasetSplits:
     sample_shape: tuple[int, ...]
     num_classes: int = 0  # classification: the number of classes; 0 for other targets
     class_names: tuple[str, ...] | None = None
+    # The held-out test split (optional; both or neither): read once, after the sweep, to score the
+    # chosen trial (as DataSplits.test_x/test_y); never by a trial or the search.
+    test: Dataset[Any] | None = None
+    test_y: torch.Tensor | None = None
     # list of items -> (x, y) or (x, y, mask): a batch. None: torch's default_collate (stacks
     # same-shaped samples). pad_collate pads variable-length sequences and adds their mask, which
     # the model receives as forward(x, mask=mask).
@@ -234,7 +255,7 @@ class DatasetSplits:
         """Samples ``indices`` of ``split`` ("train" or "val") as one batch: (x, y) or (x, y, mask)."""
         from torch.utils.data import default_collate
 
-        dataset = self.train if split == "train" else self.val
+        dataset = {"train": self.train, "val": self.val}[split]
         items = [dataset[i] for i in indices]
         return tuple((self.collate_fn or default_collate)(items))
 
@@ -249,6 +270,15 @@ class DatasetSplits:
         from dataclasses import replace
 
         return replace(self, train_y=self.train_y.to(device), val_y=self.val_y.to(device))
+
+    def held_out(self) -> DatasetSplits | None:
+        """These splits with the test split in the validation split's place (as
+        ``DataSplits.held_out``); None without one."""
+        if self.test is None or self.test_y is None:
+            return None
+        from dataclasses import replace
+
+        return replace(self, val=self.test, val_y=self.test_y, test=None, test_y=None)
 
 
 def pad_collate(items: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -274,6 +274,7 @@ def check_dataset_plugin(name: str, *, args: dict[str, Any] | None = None, seed:
     again = factory(**dataset_args(factory, args, seed))
     same = all(torch.equal(getattr(data, f), getattr(again, f)) for f in ("train_x", "train_y", "val_x", "val_y"))
     _expect(same, report, f"same seed ({seed}), same splits")
+    _check_test_split(data, again, seed, report)
     if data.train_transform is not None:
         batch = data.train_x[:8]
         a = data.train_transform(batch, torch.Generator().manual_seed(seed))
@@ -339,6 +340,38 @@ def _check_dataset_splits(data: DatasetSplits, again: DatasetSplits, seed: int, 
     first, second = (first_batch(d, "train", CHECKED_SAMPLES) for d in (data, again))
     same = same and torch.equal(first.x, second.x)
     _expect(same, report, f"same seed ({seed}), same splits")
+    _check_test_split(data, again, seed, report)
+
+
+def _check_test_split(
+    data: DataSplits | DatasetSplits, again: DataSplits | DatasetSplits, seed: int, report: CheckReport
+) -> None:
+    """The optional test split (read once after a sweep, as the validation split is read): both
+    its fields or neither, its samples the model inputs the validation samples are (shape, dtype),
+    its targets the validation targets' kind, and the same seed giving the same test targets."""
+    from sweeper.trial.loading import first_batch
+
+    fields = ("test_x", "test_y") if isinstance(data, DataSplits) else ("test", "test_y")
+    given = [getattr(data, f) is not None for f in fields]
+    _expect(all(given) or not any(given), report, f"{' and '.join(fields)} are both set or both None")
+    held, held_again = data.held_out(), again.held_out()
+    if held is None or held_again is None:
+        return
+    test, val = first_batch(held, "val", CHECKED_SAMPLES), first_batch(data, "val", CHECKED_SAMPLES)
+    x, reference = held.inputs(test.x), data.inputs(val.x)
+    _expect(
+        x.shape[1:] == reference.shape[1:] and x.dtype == reference.dtype and len(test.y) > 0,
+        report,
+        "test samples are model inputs shaped as the validation samples",
+        f"got {x.dtype} {tuple(x.shape[1:])} vs {reference.dtype} {tuple(reference.shape[1:])}",
+    )
+    _expect(
+        held.val_y.dtype == data.val_y.dtype and held.val_y.shape[1:] == data.val_y.shape[1:],
+        report,
+        "test_y holds targets of val_y's dtype and shape",
+        f"got {held.val_y.dtype} {tuple(held.val_y.shape)}",
+    )
+    _expect(torch.equal(held.val_y, held_again.val_y), report, f"same seed ({seed}), same test split")
 
 
 # --- optimizers -------------------------------------------------------------------------------

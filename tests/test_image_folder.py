@@ -82,6 +82,19 @@ def test_train_and_val_folders_fix_the_split(tmp_path: Path):
         image_folder(root=str(tmp_path / "images"), size=8)
 
 
+@pytest.mark.parametrize("max_memory_mb", [2_048.0, 0.0])  # whole tensors, or read through a DataLoader
+def test_a_test_folder_beside_train_is_the_held_out_split(tmp_path: Path, max_memory_mb: float):
+    write_images(tmp_path / "images" / "train", per_class=4)
+    write_images(tmp_path / "images" / "test", per_class=2, seed=2)
+    data = image_folder(root=str(tmp_path / "images"), size=8, max_memory_mb=max_memory_mb)
+    assert (len(data.train_y) + len(data.val_y), data.test_y.tolist()) == (12, [0, 0, 1, 1, 2, 2])
+    held = data.held_out()  # the test images where validation's stand, as the scoring after the sweep reads them
+    assert held is not None and held.val_inputs().shape == (6, 3, 8, 8)
+    write_images(tmp_path / "images" / "val", per_class=1, seed=1)  # and with a val/ folder too
+    data = image_folder(root=str(tmp_path / "images"), size=8, max_memory_mb=max_memory_mb)
+    assert (len(data.train_y), len(data.val_y), len(data.test_y)) == (12, 3, 6)
+
+
 @pytest.mark.parametrize("path", ["tensors", "loader"])
 def test_the_shipped_search_space_sweeps_on_both_paths(workdir: Path, path: str):
     write_images(workdir / "data" / "images")

@@ -34,7 +34,8 @@ def test_resnet18_is_the_cifar_variant():
 def test_digits_is_real_and_split_by_seed():
     digits = registry.get("datasets", "digits")
     a, b, c = digits(seed=0), digits(seed=0), digits(seed=1)
-    assert a.train_x.shape == (1438, 1, 8, 8) and a.val_x.shape == (359, 1, 8, 8) and a.num_classes == 10
+    assert a.train_x.shape == (1079, 1, 8, 8) and a.val_x.shape == (359, 1, 8, 8) and a.num_classes == 10
+    assert a.test_x is not None and a.test_x.shape == (359, 1, 8, 8)  # test_fraction 0.2: tests/test_holdout.py
     assert torch.equal(a.val_y, b.val_y) and not torch.equal(a.val_y, c.val_y)
     assert abs(a.train_x.mean().item()) < 1e-5  # standardised on the training split
 
@@ -43,6 +44,7 @@ def test_cifar10_reads_the_on_disk_format(tmp_path: Path):
     write_tiny_cifar(tmp_path)
     data = registry.get("datasets", "cifar10")(root=str(tmp_path), val_fraction=0.2, seed=3)
     assert data.train_x.shape == (80, 3, 32, 32) and data.val_x.shape == (20, 3, 32, 32)
+    assert data.test_x is not None and data.test_x.shape == (20, 3, 32, 32)  # test_batch: the held-out test split
     assert data.class_names[0] == "airplane" and data.num_classes == 10
     assert data.train_transform is random_crop_flip
     assert data.normalization["mean"] == pytest.approx([0.4914, 0.4822, 0.4465])

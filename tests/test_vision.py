@@ -51,6 +51,7 @@ def test_a_fake_mnist_in_torchvisions_format_is_read_and_swept(workdir: Path):
     data = torchvision_dataset(name="MNIST", root="data/torchvision", val_fraction=0.25, seed=1)
     assert data.train_x.shape == (120, 1, 28, 28) and data.train_x.dtype == torch.uint8 and len(data.val_y) == 40
     assert data.num_classes == 10 and data.class_names is not None and data.class_names[0] == "0 - zero"
+    assert data.test_x is not None and data.test_x.shape == (10, 1, 28, 28)  # t10k: the held-out test split
     assert data.normalization is not None and data.normalization["scale"] == 1 / 255
     assert torchvision_dataset(name="MNIST", root="data/torchvision", limit=50).train_x.shape[0] == 45
     assert check_dataset_plugin("torchvision", args={"name": "MNIST", "root": "data/torchvision"}).passed
@@ -58,6 +59,7 @@ def test_a_fake_mnist_in_torchvisions_format_is_read_and_swept(workdir: Path):
     summary = json.loads((workdir / "out" / "summary.json").read_text())
     assert [t["state"] for t in summary["trials"]] == ["complete", "complete"]
     assert summary["best"]["value"] > 0.3  # ten classes: chance is 0.1
+    assert summary["best"]["test_samples"] == 10 and "test_acc" in summary["best"]["test_metrics"]
 
 
 def test_missing_files_without_download_exit_2_saying_where_they_go(workdir: Path):

@@ -128,6 +128,8 @@ def status(
     from sweeper.search.optuna import status as sweep_status
 
     info = sweep_status.report(*sweep_status.locate(folder, study, name))
+    if folder is not None:  # a finished sweep's chosen trial, with its held-out test score
+        info["chosen"] = sweep_status.chosen(folder)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return

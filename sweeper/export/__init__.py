@@ -39,12 +39,14 @@ def export_model(
     names: list[str] | None = None,
     source: dict[str, Any] | None = None,
     task: FittedTask | None = None,
+    test: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write, reload and check each format in ``names`` (default ``spec.formats``) into
     ``out_dir``; a format that fails gets an ``error`` entry and the others still run. Writes
     and returns the report (``out_dir/export.json``). ``task``: the trial's task, whose head
     ends the exported model and whose ``output_info`` says what its output means (default:
-    classification logits)."""
+    classification logits). ``test``: the eager model's score on the held-out test split
+    (``metrics`` named ``test_*``, ``samples``), recorded beside the validation figures."""
     signature = Signature.of(data)
     model = exportable(model, task, signature).eval().cpu()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -78,6 +80,7 @@ def export_model(
         "atol": spec.atol,
         **({"eager_val_acc": ref.val_acc} if ref.val_acc is not None else {}),
         "val_size": int(len(data.val_y)),
+        **({"test": test} if test is not None else {}),
         "formats": entries,
     }
     path = out_dir / "export.json"

@@ -120,6 +120,7 @@ def render(summary: dict[str, Any], records: list[TrialRecord], made: search_plo
     ]
     parts += _front(summary)
     parts += _best(summary.get("best"), metric)
+    parts += _refit(summary.get("refit"))
     parts += _trials(records, metric)
     parts += _plots(made)
     parts += _lr_finder(summary.get("lr_finder"))
@@ -170,6 +171,7 @@ def _best(best: dict[str, Any] | None, metric: str) -> list[str]:
     shown = ", ".join(f"{m} = {v:.6g}" for m, v in (best.get("values") or {metric: best["value"]}).items())
     return [
         f"<h2>Best trial: {best['number']} ({_e(shown)})</h2>",
+        _held_out(best),
         _kv_table(
             {
                 **{f"param {k}": v for k, v in best.get("params", {}).items()},
@@ -180,6 +182,37 @@ def _best(best: dict[str, Any] | None, metric: str) -> list[str]:
                 "checkpoint": best.get("checkpoint"),
             }
         ),
+    ]
+
+
+def _held_out(best: dict[str, Any]) -> str:
+    """The chosen trial's score on the held-out test split, beside its validation score."""
+    if best.get("test_error"):
+        return f"<p class=note>Held-out test split: {_e(best['test_error'])}</p>"
+    test = best.get("test_metrics")
+    if not test:
+        return (
+            "<p class=note>The data set has no test split: the validation score above is the one the "
+            "search selected on (biased upward).</p>"
+        )
+    shown = ", ".join(f"{m} = {v:.6g}" for m, v in test.items())
+    return (
+        f"<p>On the held-out test split ({best.get('test_samples')} samples, never seen by the search): "
+        f"<b>{_e(shown)}</b></p>"
+    )
+
+
+def _refit(refit: dict[str, Any] | None) -> list[str]:
+    """export.refit: the chosen configuration retrained on training + validation samples."""
+    if not refit:
+        return []
+    if "error" in refit:
+        return [f"<p class=note>Refit: {_e(refit['error'])}; the chosen trial's model was exported.</p>"]
+    test = ", ".join(f"{m} = {v:.6g}" for m, v in (refit.get("test_metrics") or {}).items()) or "no test split"
+    return [
+        f"<p>Refit (exported): trial {refit['trial']}'s configuration trained again on "
+        f"{refit['train_samples']} training + validation samples, seed {refit['seed']}, {refit['epochs']} "
+        f"epochs: <b>{_e(test)}</b></p>"
     ]
 
 

@@ -42,6 +42,7 @@ from sweeper.trial.sized_space import Sized
 TRACKER_ATTEMPTS = 5
 LOCK_FILE = "run.lock"  # in --out: held by the `sweeper run` using the folder
 SIZED_FILE = "auto_space.json"  # in --out: the sizing of a derived space, read back on a resume
+REFIT_FILE = "refit.pt"  # in --out: export.refit's model weights
 PARAM: TypeAdapter[sp.Param] = TypeAdapter(sp.Param)
 
 
@@ -309,10 +310,21 @@ def _serve(
         summary["lr_finder"] = prepared.lr_finder
     if prepared.warm_start is not None:
         summary["warm_start"] = prepared.warm_start
-    drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     files = [out_dir / "spec.yaml"]
+    chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, cache.data)
+    test = None  # the exported model's test score
+    if isinstance(chosen, Chosen):
+        summary["best"].update(held_out(spec, summary["best"], chosen))  # before the report draws it
+        test = _test_of(summary["best"])
+        if spec.export.refit:
+            summary["refit"], refitted = _refit(spec, summary["best"], out_dir, chosen)
+            chosen, test = (refitted, _test_of(summary["refit"])) if refitted is not None else (chosen, test)
+    drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     if summary["best"] is not None and spec.export.formats:
-        handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, result.records, cache.data)
+        if isinstance(chosen, Chosen):
+            handed, exported = handoff(spec, summary["best"], out_dir, tracker, parent, chosen, test)
+        else:
+            handed, exported = {"export": {"error": chosen}}, []
         summary.update(handed)
         files += exported
     summary_path = out_dir / "summary.json"
@@ -400,33 +412,101 @@ def summarize(
     }
 
 
+@dataclass(frozen=True, eq=False)
+class Chosen:
+    """The chosen trial's model rebuilt from its checkpoint (on the CPU, eval mode), its data as
+    the trials saw it, and its fitted task."""
+
+    model: Any
+    data: Any
+    task: Any
+
+
+def _chosen(
+    spec: SweepSpec,
+    best: dict[str, Any] | None,
+    out_dir: Path,
+    tracker: Tracker,
+    records: list[TrialRecord],
+    data_cache: DataCache | None,
+) -> Chosen | str | None:
+    """The best trial rebuilt once, for its test score and its export; None without a best
+    trial; the reason as a string when it cannot be rebuilt (recorded, never fatal)."""
+    from sweeper.trial.build import rebuild
+
+    if best is None:
+        return None
+    try:
+        top = next(r for r in records if r.number == best["number"])
+        best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
+        return Chosen(*rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache))
+    except Exception as exc:
+        return f"rebuilding trial {best['number']} from {best['checkpoint']} failed: {type(exc).__name__}: {exc}"
+
+
+def held_out(spec: SweepSpec, best: dict[str, Any], chosen: Chosen) -> dict[str, Any]:
+    """The chosen trial's score on the data set's test split (trial/holdout.py), read here once,
+    after the search: ``test_metrics`` and ``test_samples`` for the summary's best trial (with
+    ``test_error`` instead when scoring failed); nothing when the data set has no test split."""
+    from sweeper.trial import holdout
+
+    try:
+        scored = holdout.score_chosen(spec.with_values(best["params"]), chosen.model, chosen.task)
+    except Exception as exc:  # the sweep and its trials are done: keep them, say why
+        return {"test_error": f"scoring trial {best['number']} on the test split failed: {type(exc).__name__}: {exc}"}
+    if scored is None:
+        return {}
+    return {"test_metrics": scored.metrics, "test_samples": scored.samples}
+
+
+def _test_of(scored: dict[str, Any]) -> dict[str, Any] | None:
+    """export.json's ``test`` from a summary entry that ``held_out`` filled."""
+    return {"metrics": scored["test_metrics"], "samples": scored["test_samples"]} if "test_metrics" in scored else None
+
+
+def _refit(
+    spec: SweepSpec, best: dict[str, Any], out_dir: Path, chosen: Chosen
+) -> tuple[dict[str, Any], Chosen | None]:
+    """export.refit: the chosen configuration trained on training + validation samples
+    (trial/refit.py), scored on the test split: the summary's ``refit`` entry and the model to
+    export (None when the refit failed: the chosen trial's model is exported, the entry says why)."""
+    from sweeper.trial import refit
+
+    path = out_dir / REFIT_FILE
+    chosen_spec = spec.with_values(best["params"])
+    try:
+        trained = refit.refit(chosen_spec, best["seed"], best["params"], path)
+    except Exception as exc:
+        return {"error": f"refitting trial {best['number']} failed: {type(exc).__name__}: {exc}"}, None
+    model = trained.model.cpu().eval()
+    entry: dict[str, Any] = {
+        "trial": best["number"],
+        "seed": best["seed"],
+        "epochs": len(trained.history),
+        "train_samples": int(trained.data.train_y.shape[0]),
+        "checkpoint": str(path),
+    }
+    entry.update(held_out(spec, best, Chosen(model, chosen.data, trained.task)))
+    return entry, Chosen(model, chosen.data, trained.task)
+
+
 def handoff(
     spec: SweepSpec,
     best: dict[str, Any],
     out_dir: Path,
     tracker: Tracker,
     parent: str | None,
-    records: list[TrialRecord],
-    data_cache: DataCache | None = None,
+    chosen: Chosen,
+    test: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[Path]]:
-    """Export the best trial's model to every format of ``spec.export`` (export.json) and
-    register it under the sweep's run. Returns the summary's ``export`` and ``registry``
-    entries and the files to log; a failure is recorded there, never fatal to the sweep."""
+    """Export the chosen model to every format of ``spec.export`` (export.json, with its ``test``
+    score where the sweep has one) and register it under the sweep's run. Returns the
+    summary's ``export`` and ``registry`` entries and the files to log; a failure is recorded
+    there, never fatal to the sweep."""
     from sweeper import export
     from sweeper.export import publish
-    from sweeper.trial.build import rebuild
 
-    try:
-        top = next(r for r in records if r.number == best["number"])
-        best["checkpoint"] = str(checkpoints.fetch(spec, tracker, top, out_dir))  # trained here or elsewhere
-        model, data, task = rebuild(spec.with_values(best["params"]), Path(best["checkpoint"]), data_cache)
-    except Exception as exc:
-        return {
-            "export": {
-                "error": f"rebuilding trial {best['number']} from {best['checkpoint']} failed: "
-                f"{type(exc).__name__}: {exc}"
-            }
-        }, []
+    model, data, task = chosen.model, chosen.data, chosen.task
     source = {
         "trial": best["number"],
         "mlflow_run_id": best["mlflow_run_id"],
@@ -434,7 +514,7 @@ def handoff(
         "objective": best["values"],
     }
     handed: dict[str, Any] = {
-        "export": export.export_model(model, data, out_dir, spec.export, source=source, task=task)
+        "export": export.export_model(model, data, out_dir, spec.export, source=source, task=task, test=test)
     }
     if parent is not None:
         try:

@@ -204,6 +204,9 @@ def end_sweep_run(
         return
     best = summary.get("best") or {}
     metrics = {f"best_{k}": v for k, v in {**(best.get("metrics") or {}), **(best.get("footprint") or {})}.items()}
+    metrics.update(best.get("test_metrics") or {})  # the chosen trial on the held-out test split: test_*
+    refit = summary.get("refit") or {}  # export.refit: the retrained model on the test split
+    metrics.update({f"refit_{k}": v for k, v in (refit.get("test_metrics") or {}).items()})
     metrics.update({f"trials_{state}": n for state, n in summary["counts"].items()})
     tracker.log_metrics(run_id, 0, metrics)
     front = summary.get("pareto_front")

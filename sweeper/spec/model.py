@@ -133,6 +133,10 @@ class ExportSpec(Strict):
     registered_name: str | None = Field(
         default=None, min_length=1, description="MLflow registered model; default: the sweep's name"
     )
+    # retrain the chosen configuration on training + validation samples (its seed, its epochs)
+    # before it is scored on the test split and exported (trial/refit.py): more data for the
+    # model that ships, at one more trial's cost; the search's trial stays recorded as it was
+    refit: bool = False
     # checkpoints kept after the sweep: `best` (the best trial's, always kept) or `all` (every
     # completed trial's, so `sweeper export RUN_ID` can export any of them; costs disk)
     keep_checkpoints: Literal["best", "all"] = "best"

@@ -136,6 +136,7 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
         )
         label = "chosen" if summary.get("pareto_front") else "best"
         console.print(f"[bold green]{label}[/]: trial {best['number']} {values} seed={best['seed']} {params}")
+        print_held_out(console, best, summary.get("refit"))
     else:
         console.print("[bold red]no trial completed[/]")
     if "export" in summary:
@@ -166,6 +167,20 @@ def print_result(console: Console, summary: dict[str, Any]) -> None:
                 soft_wrap=True,
             )
     console.print(f"output: {summary['out_dir']}")
+
+
+def print_held_out(console: Console, best: dict[str, Any], refit: dict[str, Any] | None) -> None:
+    """The chosen trial's score on the held-out test split (and the refit model's), or why none."""
+    if best.get("test_error"):
+        console.print(f"[red]test split[/]: {best['test_error']}")
+    elif best.get("test_metrics"):
+        scores = ", ".join(f"{m}={fmt(v)}" for m, v in best["test_metrics"].items())
+        console.print(f"held-out test split ({best['test_samples']} samples, never seen by the search): {scores}")
+    if refit and "error" in refit:
+        console.print(f"[red]refit[/]: {refit['error']}")
+    elif refit:
+        scores = ", ".join(f"{m}={fmt(v)}" for m, v in (refit.get("test_metrics") or {}).items()) or "no test split"
+        console.print(f"refit on {refit['train_samples']} training + validation samples (exported): {scores}")
 
 
 def print_export(console: Console, report: dict[str, Any]) -> None:

@@ -7,6 +7,8 @@ same trial run under both backends, in a replay and in tests.
 - states.py      TrialState and FailureKind: the one vocabulary of a trial's life, for every module
 - build.py       TrialConfig; seed and build data set, model, optimizer, schedule; run_trial; rebuild;
                  ProcessCache (the data set and compiled forwards a process keeps between trials)
+- holdout.py     the chosen trial scored once on the data set's held-out test split, after the search
+- refit.py       export.refit: the chosen configuration trained again on training + validation, seeded
 - trainer.py     the training loop (train/eval modes, AMP, accumulation, clipping, NaN guard);
                  epoch_metrics, the one builder of an epoch's metrics (solo and fused)
 - execute.py     one trial to an Outcome, never raising for the trial's own failure

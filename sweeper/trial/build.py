@@ -121,14 +121,22 @@ class DataCache:
         or datasets whose targets alone are on the device), and their fingerprint (of the data
         as the plugin returned it). The split's seed is the sweep's "data" stream: the same for
         every trial of the sweep."""
+        key = self._key(spec, device)
+        if key not in self.held:
+            self.put(spec, device, make_data(spec))
+        return self.held[key]
+
+    def put(self, spec: SweepSpec, device: torch.device, data: DataSplits | DatasetSplits) -> None:
+        """Hold ``data`` (as a plugin returns it) as the spec's data set on ``device``: what
+        ``load`` gives the trials built from this cache (a refit's training + validation)."""
+        self.held.clear()
+        self.held[self._key(spec, device)] = (loading.for_path(data, spec.data.path).to(device), fingerprint(data))
+
+    @staticmethod
+    def _key(spec: SweepSpec, device: torch.device) -> str:
         factory = registry.get("datasets", spec.dataset.plugin)
         args = dataset_args(factory, spec.dataset.args, derive(spec.seed, "data"))
-        key = json.dumps([spec.dataset.plugin, args, spec.data.path, str(device)], sort_keys=True, default=str)
-        if key not in self.held:
-            self.held.clear()
-            data = make_data(spec)
-            self.held[key] = (loading.for_path(data, spec.data.path).to(device), fingerprint(data))
-        return self.held[key]
+        return json.dumps([spec.dataset.plugin, args, spec.data.path, str(device)], sort_keys=True, default=str)
 
     def forget(self) -> None:
         """Drop the data set (its device memory goes back with the next empty_cache)."""

@@ -4,6 +4,7 @@ and time left; optuna-dashboard on its study."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -114,6 +115,19 @@ def report(url: str, name: str) -> dict[str, Any]:
     }
 
 
+def chosen(folder: Path) -> dict[str, Any] | None:
+    """The chosen trial of a finished sweep's folder (its summary.json): number, validation
+    values and test score; None while the sweep has no summary or no best trial."""
+    try:
+        best = json.loads((folder / "summary.json").read_text(encoding="utf-8")).get("best")
+    except (OSError, ValueError):
+        return None
+    if not best:
+        return None
+    kept = ("number", "values", "test_metrics", "test_samples", "test_error")
+    return {k: best[k] for k in kept if k in best}
+
+
 def stop(url: str, name: str) -> None:
     ledger = Ledger(url, name, grace_s=0)
     try:
@@ -180,3 +194,14 @@ def show(info: dict[str, Any], out: Any) -> None:
         out.print(table)
     gone = len(info["processes"]) - len(alive)
     out.print(f"  {len(alive)} process(es) serving it" + (f"; {gone} earlier one(s) gone" if gone else ""))
+    if (best := info.get("chosen")) is not None:
+        values = ", ".join(f"{m} {v:.4g}" for m, v in (best.get("values") or {}).items())
+        test = ", ".join(f"{m} {v:.4g}" for m, v in (best.get("test_metrics") or {}).items())
+        held = (
+            f"; {test} on {best['test_samples']} held-out test samples"
+            if test
+            else f"; {best['test_error']}"
+            if best.get("test_error")
+            else "; no test split"
+        )
+        out.print(f"  chosen     trial {best['number']}: {values}{held}")
