@@ -1,6 +1,9 @@
-"""Search quality at equal device-time budgets (issue #30 item 5): the anytime best validation
-accuracy of five strategies, each a real `sweeper run` with the same `search.budget.device_hours`,
-side by side for each task and seed:
+"""Search quality at equal device-time budgets (issue #30 item 5, issue #47 item 2): the anytime
+score of sweeper's strategies and of the peers a user would pick instead, side by side for each
+task and seed, each with the same device-time budget, one CPU thread per trial, parallel 1 and the
+same data (the spec's data split for that seed).
+
+sweeper's strategies, each a real `sweeper run` with the same `search.budget.device_hours`:
 
 - random: the shipped hand-written space, random sampler, no pruner;
 - peer: Optuna's defaults on the hand-written space (TPE, median pruner, no warm start);
@@ -11,14 +14,29 @@ side by side for each task and seed:
 - warm: the same, warm-started from the auto sweep of another seed of the same task (that
   earlier sweep's cost is not counted: it is the "earlier sweep" a user already has).
 
-Anytime curve: trials in order (parallel 1, one CPU thread per trial, so device seconds are wall
-seconds), cumulative device seconds, best validation accuracy so far. Two targets, each time as a
-ratio to the peer's (median over seeds; inf when never reached): `--target` x the best accuracy any
-strategy reached on that task, and, per seed, the best the peer reached in its whole budget (the
-speed-up to match the baseline's final result). Validation accuracy throughout (the MNIST-1D paper's 94 % is test).
+The peers (benchmarks/peers.py), each driving THE SAME trial code through a thin adapter, on the
+same hand-written space, their own overhead counted against the budget (the wall clock of the
+whole peer run, cut at the budget): smac (SMAC3 MultiFidelityFacade), dehb (DEHB, in its own venv:
+it pins numpy < 2), optuna-hb (Optuna TPE + HyperbandPruner), ray-asha (Ray Tune ASHA +
+OptunaSearch).
+
+Every strategy yields its trials in order: (seconds on its clock when the trial ended, validation
+score, test score), where the test score is the same model's on the data set's held-out test
+split, never shown to the search. Every strategy's clock is the wall clock of its run from the
+start, after importing torch and sweeper (the peers' own overhead and sweeper's, dry build and
+search between trials included, count alike). The anytime curve is the TEST score of the trial
+best so far BY VALIDATION against that clock: for the peers every trial with a validation score
+(a pruned one with its last, its model as it stood), for sweeper's strategies the complete
+trials (what sweeper chooses from and exports), each new best rebuilt from its checkpoint and
+scored here (`test_score_of`). Tables per task:
+the score at 25, 50 and 100 % of the budget (median [min-max] over seeds; `-`: no trial finished
+by then), and the device seconds until each strategy reached, per seed, the final score of the
+strongest peer (the peer with the best median final score), as a median ratio to that peer's own
+time (< 1: faster).
 
     python benchmarks/search_quality.py                              # both tasks, 5 seeds, 5 device-min
     python benchmarks/search_quality.py --tasks digits --seeds 2 --budget-minutes 0.5
+    python benchmarks/search_quality.py --tasks digits --seeds 1 --budget-minutes 0.5 --strategies smac optuna-hb
     python benchmarks/search_quality.py --quick                      # digits, 1 seed, tiny budget
 """
 
@@ -32,23 +50,49 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from machine import describe
+from peers import PEERS, run_peer
 
 ROOT = Path(__file__).resolve().parent.parent
-STRATEGIES = ["random", "peer", "top-k", "auto", "warm"]
-FRACTIONS = [0.1, 0.25, 0.5, 1.0]
+SWEEPER_STRATEGIES = ["random", "peer", "top-k", "auto", "warm"]
+STRATEGIES = SWEEPER_STRATEGIES + list(PEERS)
+FRACTIONS = [0.25, 0.5, 1.0]
 TOP_K = 3
 
+# one ended trial: (cumulative device seconds when it ended, validation score, test score); a
+# score is None when the trial has none (failed before an epoch; no test score recorded)
+Entry = tuple[float, float | None, float | None]
 
-def sweep(task: str, out: Path, seed: int, budget_s: float, *extra: str, auto: bool = False) -> list[dict]:
-    """One `sweeper run` (a subprocess: each sweep's state is its own) and its summary's trials."""
+
+@dataclass
+class Sweep:
+    """One `sweeper run`: its summary's trials, its entries (complete trials in the order they
+    ended, on the wall clock of the run, with the test score of each new best by validation) and
+    its wall seconds (less the start-up every peer also skips: importing torch and sweeper)."""
+
+    trials: list[dict[str, Any]]
+    entries: list[Entry]
+    wall_s: float
+
+
+def sweep(
+    task: str, out: Path, seed: int, budget_s: float, *extra: str, auto: bool = False, offset: float = 0.0
+) -> Sweep:
+    """One `sweeper run` (a subprocess: each sweep's state is its own), kept checkpoints and all.
+    Its clock is the peers': the wall clock from the run's start, after the imports a peer's
+    clock also starts after (``IMPORT_S``), so sweeper's own overhead (dry build, sizing, the
+    search between trials) counts as the peers' does; ``offset`` is added (a second phase)."""
     cmd = [sys.executable, "-m", "sweeper", "run", str(ROOT / "search_spaces" / f"{task}.yaml")]
     cmd += ["--out", str(out), "--quiet"] + (["--auto"] if auto else [])
     cmd += [
         "tracking.enabled=false",
         "export.formats=[]",
+        "export.keep_checkpoints=all",  # each complete trial's model, scored here on the test split
         f"seed={seed}",
         "search.n_trials=10000",  # the budget ends the sweep
         "search.parallel=1",
@@ -56,115 +100,276 @@ def sweep(task: str, out: Path, seed: int, budget_s: float, *extra: str, auto: b
         f"search.budget={{device_hours: {budget_s / 3600.0}}}",
         *extra,
     ]
+    launched = time.time()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - launched - import_seconds()
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return json.loads((out / "summary.json").read_text())["trials"]
+    trials = json.loads((out / "summary.json").read_text())["trials"]
+    return Sweep(trials, scored_entries(out, trials, launched + import_seconds() - offset), wall + offset)
 
 
-def curve(trials: list[dict]) -> list[tuple[float, float]]:
-    """(cumulative device seconds, best value so far) after each trial with a value."""
-    points, spent, best = [], 0.0, -math.inf
-    for trial in sorted(trials, key=lambda t: t["number"]):
-        spent += trial.get("device_seconds") or 0.0
-        if trial.get("value") is not None:
-            best = max(best, trial["value"])
-        if best > -math.inf:
-            points.append((spent, best))
+def import_seconds() -> float:
+    """Seconds a fresh Python takes to import torch and sweeper's trial code: the start-up before
+    a peer's clock starts (benchmarks/peers.py), measured once and taken off sweeper's clock."""
+    global _IMPORT_S
+    if _IMPORT_S is None:
+        started = time.time()
+        subprocess.run([sys.executable, "-c", "import torch, sweeper.trial.build"], check=True, cwd=ROOT)
+        _IMPORT_S = time.time() - started
+    return _IMPORT_S
+
+
+_IMPORT_S: float | None = None
+
+
+def scored_entries(out: Path, trials: list[dict[str, Any]], zero: float) -> list[Entry]:
+    """The complete trials of the sweep in ``out`` (what sweeper may choose and export), in the
+    order their checkpoints were written, each at that time less ``zero``; a trial that beats
+    every earlier one by validation is scored on the test split (test_score_of), the others are
+    not needed by the curve (None)."""
+    from sweeper.spec.load import load
+    from sweeper.trial.checkpoint import trial_path
+
+    spec = load(out / "spec.yaml")
+    maximize = spec.objective.direction == "maximize"
+    done = []
+    for trial in trials:
+        path = trial_path(out, trial["number"])
+        if trial["state"] == "complete" and trial.get("value") is not None and path.exists():
+            done.append((path.stat().st_mtime - zero, trial, path))
+    entries: list[Entry] = []
+    best: float | None = None
+    for ended, trial, path in sorted(done, key=lambda d: d[0]):
+        value = trial["value"]
+        better = best is None or (value > best if maximize else value < best)
+        entries.append((ended, value, test_score_of(spec, trial, path) if better else None))
+        best = value if better else best
+    return entries
+
+
+def test_score_of(spec: Any, trial: dict[str, Any], checkpoint: Path) -> float | None:
+    """A trial's model (rebuilt from its checkpoint) scored on the data set's test split, in the
+    objective's metric (test_acc for val_acc); None without a test split. Never seen by the sweep."""
+    from sweeper.trial import holdout
+    from sweeper.trial.build import rebuild
+
+    chosen = spec.with_values(trial["params"])
+    data = holdout.test_split(chosen)
+    if data is None:
+        return None
+    model, _, task = rebuild(chosen, checkpoint)
+    metrics = holdout.score(model, data, task, chosen.train.eval_batch_size)
+    return metrics[holdout.PREFIX + spec.objective.metric.removeprefix("val_")]
+
+
+def peer_entries(result: dict[str, Any]) -> list[Entry]:
+    """A peer run's trials (peers.py: in the order they ended, each with its clock)."""
+    return [(t["device_s"], t["val"], t["test"]) for t in result["trials"]]
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def curve(entries: list[Entry], score: str, maximize: bool) -> list[tuple[float, float]] | None:
+    """(device seconds, ``score`` ("val" or "test") of the trial best so far by validation) after
+    each trial; None for "test" when no trial has a test score."""
+    if score == "test" and not any(test is not None for _, _, test in entries):
+        return None
+    points, best = [], None
+    for spent, val, test in entries:
+        if finite(val) and (best is None or (val > best[0] if maximize else val < best[0])):
+            best = (val, test)
+        if best is not None:
+            value = best[0] if score == "val" else best[1]
+            points.append((spent, value if value is not None else math.nan))
     return points
 
 
-def best_at(points: list[tuple[float, float]], seconds: float) -> float:
-    return max((value for spent, value in points if spent <= seconds), default=math.nan)
+def at(points: list[tuple[float, float]], seconds: float) -> float:
+    """The curve's score at ``seconds`` (nan before its first trial). Not the maximum so far: the
+    test score of the best trial by validation can fall when a new one takes its place."""
+    return next((value for spent, value in reversed(points) if spent <= seconds), math.nan)
 
 
-def time_to(points: list[tuple[float, float]], target: float) -> float:
-    return next((spent for spent, value in points if value >= target), math.inf)
+def time_to(points: list[tuple[float, float]], target: float, maximize: bool) -> float:
+    """Device seconds until the curve reached ``target`` (inf: never within its budget)."""
+    return next((s for s, v in points if (v >= target if maximize else v <= target)), math.inf)
 
 
-def run_seed(task: str, seed: int, budget_s: float, share: float, work: Path, warm_from: Path) -> dict:
-    runs: dict[str, list[dict]] = {}
-    runs["random"] = sweep(task, work / "random", seed, budget_s, "search.sampler=random", "search.pruner.type=none")
-    runs["peer"] = sweep(task, work / "peer", seed, budget_s, "search.sampler=tpe", "search.pruner.type=median")
-    one = sweep(
-        task,
-        work / "topk1",
-        seed,
-        budget_s * share,
-        "search.sampler=random",
-        "search.pruner.type=none",
-        "train.epochs=1",
-    )
-    spent = sum(t.get("device_seconds") or 0.0 for t in one)
-    full = sweep(
-        task,
-        work / "topk2",
-        seed,
-        max(budget_s - spent, 1.0),
-        "search.sampler=random",
-        "search.pruner.type=none",
-        f"search.n_trials={TOP_K}",
-        f"search.warm_start=[{work / 'topk1'}]",
-    )
-    runs["top-k"] = one + [dict(t, number=t["number"] + 10**6) for t in full]
-    runs["auto"] = sweep(task, work / "auto", seed, budget_s, "search.sampler=auto", "search.pruner=auto", auto=True)
-    runs["warm"] = sweep(
-        task,
-        work / "warm",
-        seed,
-        budget_s,
-        "search.sampler=auto",
-        "search.pruner=auto",
-        f"search.warm_start=[{warm_from}]",
-        auto=True,
-    )
-    return {name: curve(trials) for name, trials in runs.items()}
+def run_seed(
+    task: str, seed: int, budget_s: float, share: float, work: Path, warm_from: Path, names: list[str]
+) -> tuple[dict[str, list[Entry] | str], dict[str, float]]:
+    """Each strategy of ``names`` on one seed: its entries, or the reason a peer was skipped (a
+    str); and each peer's start-up (seconds before its first trial started)."""
+    runs: dict[str, list[Entry] | str] = {}
+    startup: dict[str, float] = {}
+    if "random" in names:
+        runs["random"] = sweep(
+            task, work / "random", seed, budget_s, "search.sampler=random", "search.pruner.type=none"
+        ).entries
+    if "peer" in names:
+        runs["peer"] = sweep(
+            task, work / "peer", seed, budget_s, "search.sampler=tpe", "search.pruner.type=median"
+        ).entries
+    if "top-k" in names:
+        one = sweep(
+            task,
+            work / "topk1",
+            seed,
+            budget_s * share,
+            "search.sampler=random",
+            "search.pruner.type=none",
+            "train.epochs=1",
+        )
+        spent = sum(t.get("device_seconds") or 0.0 for t in one.trials)
+        full = sweep(
+            task,
+            work / "topk2",
+            seed,
+            max(budget_s - spent, 1.0),
+            "search.sampler=random",
+            "search.pruner.type=none",
+            f"search.n_trials={TOP_K}",
+            f"search.warm_start=[{work / 'topk1'}]",
+            offset=one.wall_s,
+        )
+        runs["top-k"] = one.entries + full.entries
+    if "auto" in names:
+        runs["auto"] = sweep(
+            task, work / "auto", seed, budget_s, "search.sampler=auto", "search.pruner=auto", auto=True
+        ).entries
+    if "warm" in names:
+        trials = sweep(
+            task,
+            work / "warm",
+            seed,
+            budget_s,
+            "search.sampler=auto",
+            "search.pruner=auto",
+            f"search.warm_start=[{warm_from}]",
+            auto=True,
+        ).entries
+        runs["warm"] = trials
+    for peer in (name for name in names if name in PEERS):
+        folder = work / peer
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            result = run_peer(peer, task, seed, budget_s, work=folder / "files")
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the other strategies' results stay
+            print(f"  {task} seed {seed} {peer} failed:\n{exc}", file=sys.stderr, flush=True)
+            result = {"peer": peer, "skipped": f"failed: {str(exc).strip().splitlines()[-1][:300]}"}
+        (folder / "result.json").write_text(json.dumps(result, indent=1))
+        if "skipped" in result:
+            runs[peer] = str(result["skipped"])
+            print(f"  {task} seed {seed} {peer}: skipped: {result['skipped']}", file=sys.stderr, flush=True)
+            continue
+        runs[peer] = peer_entries(result)
+        if result.get("startup_s") is not None:
+            startup[peer] = result["startup_s"]
+        print(
+            f"  {task} seed {seed} {peer}: {len(result['trials'])} trials, {result['cut']} cut at the budget; "
+            f"start-up {startup.get(peer, math.nan):.1f} s (counted), test scoring {result['scoring_s']:.1f} s "
+            f"(not counted)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return runs, startup
 
 
 def fmt(values: list[float], digits: int = 3) -> str:
-    finite = [v for v in values if not math.isnan(v)]
-    if not finite:
+    finite_values = [v for v in values if not math.isnan(v)]
+    if not finite_values:
         return "-"
-    med = statistics.median(finite)
-    if len(finite) == 1:
+    med = statistics.median(finite_values)
+    if len(finite_values) == 1:
         return f"{med:.{digits}f}"
-    return f"{med:.{digits}f} [{min(finite):.{digits}f}-{max(finite):.{digits}f}]"
+    return f"{med:.{digits}f} [{min(finite_values):.{digits}f}-{max(finite_values):.{digits}f}]"
 
 
-def report(task: str, curves: list[dict], budget_s: float, target_share: float) -> None:
-    top = max(value for seed in curves for points in seed.values() for _, value in points)
-    target = target_share * top
-    print(f"\n{task}: best val_acc any strategy reached {top:.4f}; target {target_share:.0%} of it = {target:.4f}")
+def median_ratio(times: list[float], ref_times: list[float]) -> str:
+    """The median over seeds of a strategy's time over the reference's (a seed where the reference
+    never reached its own final score, which cannot happen, or the strategy never did: left out)."""
+    ratios = [t / r for t, r in zip(times, ref_times) if math.isfinite(t) and r > 0 and math.isfinite(r)]
+    never = sum(1 for t in times if not math.isfinite(t))
+    text = f"{statistics.median(ratios):.2f}" if ratios else "-"
+    return text + (f" ({never} never)" if never else "")
+
+
+def table(score: str, curves: dict[str, list[list | None]], names: list[str], budget_s: float, maximize: bool) -> None:
+    """One table: each strategy's ``score`` at the budget's fractions, and its time to the
+    strongest peer's final score (the peer with the best median final score; on a tie, the first
+    in the table; without a peer, the strongest strategy)."""
+    seeds = len(next(iter(curves.values()))) if curves else 0
+    finals = {n: [at(c, budget_s) for c in curves[n]] for n in names if n in curves and None not in curves[n]}
+    ranked = [n for n in finals if n in PEERS and any(not math.isnan(v) for v in finals[n])] or [
+        n for n in finals if any(not math.isnan(v) for v in finals[n])
+    ]
+    key = (lambda n: statistics.median(v for v in finals[n] if not math.isnan(v))) if ranked else None
+    ref = (max if maximize else min)(ranked, key=key) if ranked else None
+    targets = finals[ref] if ref else []
+    ref_times = [time_to(c, t, maximize) for c, t in zip(curves[ref], targets)] if ref else []
     head = "".join(f"{f'@{f:.0%}':>22}" for f in FRACTIONS)
-    print(f"{'strategy':<8}{head}{'to target (s)':>16}{'x peer':>8}{'to peer final (s)':>20}{'x peer':>8}")
-    peer_t = [time_to(seed["peer"], target) for seed in curves]
-    # the second target, per seed: the best the peer reached in its whole budget; the ratio is the
-    # speed-up to match the peer's final result (how HPO papers compare a method with a baseline)
-    peer_final = [best_at(seed["peer"], budget_s) for seed in curves]
-    peer_final_t = [time_to(seed["peer"], final) for seed, final in zip(curves, peer_final)]
-    for name in STRATEGIES:
-        cells = "".join(f"{fmt([best_at(seed[name], f * budget_s) for seed in curves]):>22}" for f in FRACTIONS)
-        times = [time_to(seed[name], target) for seed in curves]
-        final_times = [time_to(seed[name], final) for seed, final in zip(curves, peer_final)]
+    to = f"to {ref}'s final (s)" if ref else "to the reference (s)"
+    print(f"{'strategy':<10}{head}{to:>28}{'x ' + (ref or '-'):>18}")
+    for name in names:
+        if name not in curves or None in curves[name]:
+            why = "no test score (the data set has no test split)" if name in curves else "skipped"
+            print(f"{name:<10}{why:>{22 * len(FRACTIONS)}}")
+            continue
+        cells = "".join(f"{fmt([at(c, f * budget_s) for c in curves[name]]):>22}" for f in FRACTIONS)
+        times = [time_to(c, t, maximize) if not math.isnan(t) else math.inf for c, t in zip(curves[name], targets)]
+        reached = [t for t in times if math.isfinite(t)]
+        when = f"{statistics.median(reached):.1f}" if reached else "never"
+        ratio = median_ratio(times, ref_times) if ref else "-"
+        print(f"{name:<10}{cells}{when:>28}{ratio:>18}", flush=True)
+    if ref:
+        print(f"{ref}'s final {score} score per seed ({seeds}): {', '.join(f'{v:.4f}' for v in targets)}")
+
+
+def report(
+    task: str,
+    runs: list[dict[str, list[Entry] | str]],
+    startups: list[dict[str, float]],
+    names: list[str],
+    budget_s: float,
+    maximize: bool,
+    metric: str,
+) -> None:
+    skipped = {n: r for seed in runs for n, r in seed.items() if isinstance(r, str)}
+    done = [n for n in names if n not in skipped]
+    test_metric = "test_" + metric.removeprefix("val_")
+    print(f"\n{task}: {len(runs)} seed(s), {budget_s:g} device-s per run; median [min-max] over seeds")
+    for score, title in (
+        ("test", f"{test_metric} of the trial best so far by {metric} (the held-out test split)"),
+        ("val", f"{metric} of the trial best so far by {metric} (the validation split the search saw)"),
+    ):
+        curves = {n: [curve(seed[n], score, maximize) for seed in runs] for n in done}
+        print(f"\n{task}, {title}:")
+        table(score, curves, names, budget_s, maximize)
+    started = {n: fmt([s[n] for s in startups if n in s], 1) for n in names if any(n in s for s in startups)}
+    if started:
         print(
-            f"{name:<8}{cells}{statistics.median(times):>16.1f}{median_ratio(times, peer_t):>8}"
-            f"{statistics.median(final_times):>20.1f}{median_ratio(final_times, peer_final_t):>8}",
-            flush=True,
+            "peers' start-up before their first trial (s; counted, as sweeper's dry build is): "
+            f"{', '.join(f'{n} {v}' for n, v in started.items())}"
         )
-    print(f"peer's final best per seed: {', '.join(f'{v:.4f}' for v in peer_final)}")
-    if task == "mnist1d":
-        autos = [best_at(seed["auto"], budget_s) for seed in curves]
+    for name, why in skipped.items():
+        print(f"{name}: skipped: {why}")
+    if task == "mnist1d" and "auto" in done:
+        autos = [at(curve(seed["auto"], "val", maximize), budget_s) for seed in runs]
         print(
             f"--auto best val_acc (median) {statistics.median(autos):.4f}: "
             f"{'above' if statistics.median(autos) > 0.94 else 'below'} the paper's CNN (94 %, a test accuracy)"
         )
 
 
-def median_ratio(times: list[float], peer_times: list[float]) -> str:
-    """The median over seeds of a strategy's time over the peer's (inf: never reached within the budget)."""
-    ratios = [t / p if p > 0 and math.isfinite(p) else math.nan for t, p in zip(times, peer_times)]
-    finite = [r for r in ratios if not math.isnan(r)]
-    return f"{statistics.median(finite):.2f}" if finite else "-"
+def objective(task: str) -> tuple[str, bool]:
+    """The task's objective metric and whether it is maximized (its shipped spec's)."""
+    from sweeper.spec.load import load
+
+    spec = load(ROOT / "search_spaces" / f"{task}.yaml")
+    return spec.objective.metric, spec.objective.direction == "maximize"
 
 
 def main() -> None:
@@ -174,33 +379,37 @@ def main() -> None:
     parser.add_argument("--budget-minutes", type=float, default=5.0, help="device-minutes per sweep")
     parser.add_argument("--topk-share", type=float, default=0.5, help="budget share of the one-epoch phase")
     parser.add_argument(
-        "--target", type=float, default=0.95, help="target: this share of the best any strategy reached"
+        "--strategies", nargs="+", choices=STRATEGIES, default=STRATEGIES, help="which to run (default: all)"
     )
     parser.add_argument("--quick", action="store_true", help="digits, 1 seed, 0.25 device-minutes")
     parser.add_argument("--keep", type=Path, default=None, help="keep the sweeps' folders here")
     args = parser.parse_args()
     if args.quick:
         args.tasks, args.seeds, args.budget_minutes = ["digits"], 1, 0.25
+    names = [n for n in STRATEGIES if n in args.strategies]  # in the tables' order
     budget_s = args.budget_minutes * 60.0
     print("$ python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]))
     print(f"{describe()}, 1 thread per trial")
     print(
-        f"budget {args.budget_minutes:g} device-minutes per sweep, {args.seeds} seed(s), "
-        f"top-k: k={TOP_K}, one-epoch phase {args.topk_share:.0%}"
+        f"budget {args.budget_minutes:g} device-minutes per run, {args.seeds} seed(s), strategies {' '.join(names)}"
+        + (f"; top-k: k={TOP_K}, one-epoch phase {args.topk_share:.0%}" if "top-k" in names else "")
     )
     root = args.keep or Path(tempfile.mkdtemp(prefix="search_quality_"))
     try:
         for task in args.tasks:
-            curves = []
+            metric, maximize = objective(task)
+            runs, startups = [], []
             for seed in range(args.seeds):
                 work = root / task / f"seed{seed}"
                 # the warm start's earlier sweep: another seed's --auto sweep (its cost not counted)
                 source = root / task / "source"
-                if not (source / "summary.json").exists():
+                if "warm" in names and not (source / "summary.json").exists():
                     sweep(task, source, 1000 + seed, budget_s, "search.sampler=auto", "search.pruner=auto", auto=True)
-                curves.append(run_seed(task, seed, budget_s, args.topk_share, work, source))
+                seed_runs, startup = run_seed(task, seed, budget_s, args.topk_share, work, source, names)
+                runs.append(seed_runs)
+                startups.append(startup)
                 print(f"  {task} seed {seed} done", file=sys.stderr, flush=True)
-            report(task, curves, budget_s, args.target)
+            report(task, runs, startups, names, budget_s, maximize, metric)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -24,7 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Modules whose tests start a local Ray (or join one): kept on one test worker, one Ray at a time
-RAY_MODULES = {"test_ray", "test_faults", "test_objectives"}
+RAY_MODULES = {"test_ray", "test_faults", "test_objectives", "test_peers"}
 # The groups that take longest (each 1-10 worker-minutes), handed out first, longest first
 # (./dev test passes --no-loadscope-reorder, which keeps this order): one of them started last
 # would keep one worker busy while the other has nothing left to do. Measured under load with

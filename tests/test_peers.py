@@ -1,0 +1,151 @@
+"""The peers of the search-quality benchmark (benchmarks/peers.py, issue #47 item 2): SMAC3,
+Optuna TPE + Hyperband and Ray Tune ASHA each drive sweeper's own trial code on digits for a
+tiny budget (2 epochs, at most 3 trials), each in a process of its own (as the benchmark runs
+them; the Ray one never starts in the test process, and its Ray is a new local one: never a
+cluster another test started). A peer whose library is not installed is skipped here; CI
+installs them (the `peers` extra, part of `test`). DEHB pins numpy < 2 and runs from a venv of
+its own (benchmarks/peers.py): not tested here, only that it is skipped with its reason when
+that venv is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+EPOCHS = 2
+CAP = 3
+
+
+def _load(name: str, path: Path):
+    """A benchmark module by its path (never the benchmarks folder on sys.path: its distributed.py
+    would shadow dask's ``distributed`` for the rest of this process)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+peers = _load("sweeper_benchmark_peers", BENCHMARKS / "peers.py")
+
+
+def installed(library: str) -> bool:
+    return importlib.util.find_spec(library) is not None
+
+
+@pytest.mark.parametrize(
+    "peer, library, budget_s",
+    [
+        # the cap of 3 trials ends each run first (in 3-10 s on a quiet 2-core machine); the
+        # budgets leave room for a loaded one. Ray's start-up (~9 s there) counts against its budget
+        ("smac", "smac", 15.0),
+        ("optuna-hb", "optuna", 15.0),
+        ("ray-asha", "ray", 45.0),
+    ],
+)
+def test_a_peer_drives_sweepers_trial_within_its_budget(peer: str, library: str, budget_s: float):
+    if not installed(library):
+        pytest.skip(f"{library} is not installed (pip install -e '.[peers]')")
+    result = peers.run_peer(peer, "digits", 0, budget_s, [f"train.epochs={EPOCHS}"], max_trials=CAP, timeout=180)
+    assert "skipped" not in result, result["skipped"]
+    trials = result["trials"]
+    assert trials, result
+    # the trial cap holds (the trials cut at the budget counted too), and the budget: every trial kept
+    # ended within it on the run's clock, and the run did not go on long after it
+    assert len(trials) + result["cut"] <= CAP
+    assert all(t["device_s"] <= budget_s for t in trials)
+    assert [t["device_s"] for t in trials] == sorted(t["device_s"] for t in trials)
+    assert result["wall_s"] <= budget_s + max(t["seconds"] for t in trials) + 60  # a hang guard, not a timing
+    for t in trials:
+        # sweeper's trial, its epochs set by the peer: a validation score the peer saw and the same
+        # model's score on the test split it never saw
+        assert 1 <= t["trained"] <= t["epochs"] <= EPOCHS
+        assert t["error"] is None
+        assert math.isfinite(t["val"]) and 0.0 <= t["val"] <= 1.0
+        assert math.isfinite(t["test"]) and 0.0 <= t["test"] <= 1.0
+        assert 0.0 < t["seconds"] <= t["device_s"]
+        assert set(t["params"]) == {"optimizer.args.lr", "optimizer.args.weight_decay", "model.args.channels"}
+        assert t["params"]["model.args.channels"] in (8, 16, 32)
+        assert 1e-4 <= t["params"]["optimizer.args.lr"] <= 3e-2
+    numbers = [t["number"] for t in trials]
+    assert len(set(numbers)) == len(numbers)  # each trial its own seed (derived from its number)
+
+
+def test_the_conditional_space_as_a_configspace():
+    """SMAC and DEHB search the shipped space as ConfigSpace states it: each ``when`` a condition,
+    a stepped parameter on its grid, and back to sweeper's values with only the active ones."""
+    if not installed("ConfigSpace"):
+        pytest.skip("ConfigSpace is not installed (pip install -e '.[peers]')")
+    from pydantic import TypeAdapter
+
+    from sweeper.spec import space as sp
+    from sweeper.spec.load import load
+
+    param = TypeAdapter(sp.Param)
+    space = dict(load(Path(__file__).resolve().parents[1] / "search_spaces" / "mnist1d.yaml").search.space)
+    space["train.batch_size"] = param.validate_python({"type": "int", "low": 32, "high": 128, "step": 32})
+    space["train.label_smoothing"] = param.validate_python({"type": "float", "low": 0.0, "high": 0.2, "step": 0.05})
+    space["model.args.bias"] = param.validate_python(
+        {"type": "categorical", "choices": [True, False], "when": {"model.plugin": ["gru", "conv1d"]}}
+    )
+    cs, decode = peers.configspace(space, seed=0)
+    seen: dict[str, set] = {"model.plugin": set(), "train.batch_size": set(), "train.label_smoothing": set()}
+    for config in cs.sample_configuration(200):
+        values = decode(config)
+        for name, drawn in seen.items():
+            drawn.add(values[name])
+        plugin = values["model.plugin"]
+        assert ("model.args.width" in values) == (plugin == "conv1d")
+        assert ("model.args.hidden" in values) == (plugin == "gru")
+        assert ("model.args.heads" in values) == (plugin == "transformer")
+        assert ("model.args.bias" in values) == (plugin in ("gru", "conv1d"))
+        assert type(values.get("model.args.bias", True)) is bool
+        assert values.get("model.args.width", 16) in (16, 32, 64) and 2 <= values.get("model.args.depth", 2) <= 4
+        assert 1e-3 <= values["optimizer.args.lr"] <= 3e-2
+    # every value of each grid, its ends included (0.2 // 0.05 is 3.0 in floats)
+    assert seen == {
+        "model.plugin": {"conv1d", "gru", "transformer"},
+        "train.batch_size": {32, 64, 96, 128},
+        "train.label_smoothing": {0.0, 0.05, 0.1, 0.15, 0.2},
+    }
+
+
+def test_the_clock_and_the_budget():
+    """The scoring on the test split is the benchmark's, not the peer's: it comes off the clock;
+    a trial that ended after the budget is cut. A fidelity of 1.11 epochs is a run of 2."""
+    trials = [peers.Trial(n, {}, 2, end=end, scoring=0.5) for n, end in enumerate([3.0, 5.0, 7.0, 11.6])]
+    kept, cut = peers.account(list(reversed(trials)), budget_s=9.5)
+    assert [t.device_s for t in kept] == [2.5, 4.0, 5.5] and cut == 1
+    assert [peers.whole(b) for b in (1.0, 10 / 9, 3.0000000001, 10 / 3, 10.0)] == [1, 2, 3, 4, 10]
+
+
+def test_dehb_without_its_venv_is_skipped_with_the_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setattr(peers, "DEHB_PYTHON", str(tmp_path / "nowhere" / "python"))
+    result = peers.run_peer("dehb", "digits", 0, 5.0)
+    assert "numpy < 2" in result["skipped"] and "nowhere" in result["skipped"]
+
+
+def test_the_anytime_curve_is_the_test_score_of_the_best_by_validation(monkeypatch: pytest.MonkeyPatch):
+    """Not the best test score so far (that would select on the test split): the test score of
+    the trial best so far by validation, which may fall when a new one takes its place."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    for name in ("machine", "peers", "search_quality"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import search_quality as sq
+
+    try:
+        entries = [(1.0, 0.90, 0.95), (2.0, None, None), (3.0, 0.93, 0.91), (4.0, 0.92, 0.99), (5.0, 0.97, 0.96)]
+        test = sq.curve(entries, "test", maximize=True)
+        assert test == [(1.0, 0.95), (2.0, 0.95), (3.0, 0.91), (4.0, 0.91), (5.0, 0.96)]
+        assert [v for _, v in sq.curve(entries, "val", maximize=True)] == [0.90, 0.90, 0.93, 0.93, 0.97]
+        assert sq.at(test, 3.5) == 0.91 and math.isnan(sq.at(test, 0.5))
+        assert sq.time_to(test, 0.96, maximize=True) == 5.0 and sq.time_to(test, 0.99, maximize=True) == math.inf
+        assert sq.curve([(1.0, 0.9, None)], "test", maximize=True) is None  # no test scores: no test curve
+    finally:
+        for name in ("machine", "peers", "search_quality"):
+            sys.modules.pop(name, None)
