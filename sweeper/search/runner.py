@@ -312,13 +312,7 @@ def _serve(
         summary["warm_start"] = prepared.warm_start
     files = [out_dir / "spec.yaml"]
     chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, cache.data)
-    test = None  # the exported model's test score
-    if isinstance(chosen, Chosen):
-        summary["best"].update(held_out(spec, summary["best"], chosen))  # before the report draws it
-        test = _test_of(summary["best"])
-        if spec.export.refit:
-            summary["refit"], refitted = _refit(spec, summary["best"], out_dir, chosen)
-            chosen, test = (refitted, _test_of(summary["refit"])) if refitted is not None else (chosen, test)
+    chosen, test = _score_chosen(spec, summary, out_dir, chosen)  # before the report draws the summary
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     if summary["best"] is not None and spec.export.formats:
         if isinstance(chosen, Chosen):
@@ -457,6 +451,24 @@ def held_out(spec: SweepSpec, best: dict[str, Any], chosen: Chosen) -> dict[str,
     if scored is None:
         return {}
     return {"test_metrics": scored.metrics, "test_samples": scored.samples}
+
+
+def _score_chosen(
+    spec: SweepSpec, summary: dict[str, Any], out_dir: Path, chosen: Chosen | str | None
+) -> tuple[Chosen | str | None, dict[str, Any] | None]:
+    """The chosen trial scored on the test split (into the summary's best trial), refit where
+    export.refit asks (the summary's ``refit``): the model to export and its test score."""
+    best = summary["best"]
+    if isinstance(chosen, str):  # not rebuilt: nothing to score either
+        best["test_error"] = chosen
+    if not isinstance(chosen, Chosen):
+        return chosen, None
+    best.update(held_out(spec, best, chosen))
+    if spec.export.refit:
+        summary["refit"], refitted = _refit(spec, best, out_dir, chosen)
+        if refitted is not None:
+            return refitted, _test_of(summary["refit"])
+    return chosen, _test_of(best)
 
 
 def _test_of(scored: dict[str, Any]) -> dict[str, Any] | None:
