@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
 from conftest import SPACES, install_test_plugin, sweeper, write_spec
 
 from sweeper.pluginhost import strategy as host
 from sweeper.search import warm_start
+from sweeper.search.optuna.study import make_pruner
 from sweeper.spec import load, validate
 from sweeper.spec import strategy as st
 from sweeper.spec.load import parse_yaml
@@ -54,7 +56,7 @@ def test_large_budget_models_and_prunes() -> None:
     got = chosen(spec_of({"n_trials": 60, "parallel": 2, "space": space}, {"epochs": 10}))
     assert got["search.sampler"].startswith("tpe | 60 trials in batches of 2")
     assert got["search.pruner"].startswith("hyperband (min_epochs 1, reduction_factor 3) | ")
-    assert "rungs at epochs 1, 3, ... of 10" in got["search.pruner"]
+    assert "rungs at epochs 1, 3 of 10 (none past 6: a later cut saves under 1/3 of a trial)" in got["search.pruner"]
     # 3 architectures: about 16 trials of each per task, 4 batches of them: 384 trials, not 60
     assert got["search.fuse"].startswith("off | 60 trials < 384")
     assert "3 architectures (model.args.hidden)" in got["search.fuse"]
@@ -62,6 +64,34 @@ def test_large_budget_models_and_prunes() -> None:
     # random sampling goes with the median pruner (Optuna's benchmarks)
     got = chosen(spec_of({"sampler": "random", "n_trials": 60, "space": space}, {"epochs": 10}))
     assert got["search.pruner"].startswith("median (min_epochs 1, startup_trials 5) | ")
+
+
+def test_no_rung_where_a_cut_saves_too_little() -> None:
+    """Issue #47 item 5: on digits (10 epochs) Optuna's rung at epoch 9 took 44 % of `--auto`'s
+    budget in trials cut a tenth of their cost before the end. sweeper's successive halving and
+    Hyperband judge no rung past epochs x (1 - 1/reduction_factor)."""
+    assert st.rungs(1, 3, 10) == [1, 3] and st.rungs(1, 3, 15) == [1, 3, 9] and st.rungs(1, 3, 30) == [1, 3, 9]
+    assert st.rungs(2, 2, 10) == [2, 4] and st.rungs(1, 3, 3) == [1] and st.rungs(3, 3, 4) == []
+    for pruner in ("asha", "hyperband"):
+        spec = spec_of({"sampler": "tpe", "pruner": {"type": pruner, "min_epochs": 1}}, {"epochs": 10})
+        study = optuna.create_study(direction="maximize", pruner=make_pruner(spec), study_name="cuts")
+        for value in (0.9, 0.8, 0.7, 0.95, 0.85, 0.75):  # trials judged at every epoch, then finished
+            trial = study.ask()
+            for epoch in range(1, 11):
+                trial.report(value, epoch)
+                if trial.should_prune():
+                    break
+            study.tell(trial, value)
+        late, early = study.ask(), study.ask()
+        late.report(0.1, 9)  # behind every other trial, at epoch 9 of 10: it runs on
+        early.report(0.1, 3)  # at epoch 3: stopped
+        assert not late.should_prune() and early.should_prune(), pruner
+        # a first rung past the last one that saves: said, as a setting that cannot take effect
+        spec = spec_of({"sampler": "tpe", "pruner": {"type": pruner, "min_epochs": 7}}, {"epochs": 10})
+        assert [n for n in st.notes(spec, CPU) if "judges no rung past epoch 6 of 10" in n], st.notes(spec, CPU)
+        # Optuna's own pruner would have cut the late one
+        frozen = study._storage.get_trial(late._trial_id)
+        assert optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3).prune(study, frozen)
 
 
 def test_fusion_where_it_pays() -> None:
@@ -146,6 +176,32 @@ def test_validate_explains_the_auto_strategy(tmp_path: Path) -> None:
     assert "sampler: random" in out and "type: median" in out  # the resolved spec printed above it
     # no auto: no strategy section
     assert "# strategy" not in sweeper("validate", str(SPACES / "smoke.yaml"), check=True).stdout
+
+
+def test_validate_names_the_rules_the_peers_measured(tmp_path: Path) -> None:
+    """Issue #47 item 6: each auto choice says whether the benchmark against SMAC3, DEHB, Optuna's
+    Hyperband and Ray ASHA measured its rule, and where its figures are."""
+    spec = write_spec(
+        tmp_path / "auto.yaml",
+        search={"sampler": "auto", "pruner": "auto", "n_trials": 60, "space": {"optimizer.args.lr": LR}},
+    )
+    out = " ".join(sweeper("validate", str(spec), check=True).stdout.split())
+    peers = f"[rule measured against the peers: {st.AGAINST_PEERS}]"
+
+    def line(setting: str) -> str:
+        assert f"# {setting}" in out, out
+        return out.split(f"# {setting}")[1].split(" # ")[0]
+
+    for setting in ("search.sampler: tpe —", "search.pruner: hyperband (", "search.base_first: true —"):
+        assert line(setting).endswith(peers), line(setting)
+    for setting in ("search.fuse: off —", "search.batch_size: 1 —"):
+        assert line(setting).endswith("[rule not measured against the peers]"), line(setting)
+    # the cited section is there, with the benchmark's command
+    doc, anchor = st.AGAINST_PEERS.split("#")
+    text = (SPACES.parent / doc).read_text()
+    assert "\n### Against the peers\n" in text and anchor == "against-the-peers"
+    section = text.split("\n### Against the peers\n")[1].split("\n## ")[0]
+    assert "python benchmarks/search_quality.py" in section
 
 
 def test_settings_that_cannot_take_effect_are_said(tmp_path: Path) -> None:

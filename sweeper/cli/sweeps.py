@@ -269,7 +269,7 @@ def validate(
     if chosen.choices:
         typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")
         for choice in chosen.choices:
-            typer.echo(f"#   {choice.setting}: {choice.value} — {choice.reason}")
+            typer.echo(f"#   {choice.describe()}")
     for note in strategy.notes(sweep):  # settings that cannot take effect: said, not refused
         err.print("[yellow]warning:[/]", escape(note), soft_wrap=True)
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")

@@ -34,6 +34,30 @@ MEDIAN_STARTUP = 5
 # than REDUCTION epochs there is one rung, so "pruning" is a single cut after epoch 1 of a curve
 # that has barely started.
 REDUCTION = 3
+# A rung judges a trial only while a cut there saves at least 1/reduction_factor of its epochs: past
+# epochs x (1 - 1/reduction_factor) a pruned trial had almost all its cost paid and is lost as a
+# candidate. With 10 epochs Optuna's rungs are 1, 3 and 9, and on digits `--auto` spent 27.0 of
+# 61.3 device-s on 11 trials pruned at epoch 9 (docs/strategy.md#against-the-peers). Hyperband
+# itself (Li et al. 2018) and SMAC3 and DEHB place their top rung at max / reduction_factor.
+
+
+def rungs(min_epochs: int, reduction_factor: int, epochs: int) -> list[int]:
+    """The epochs at which successive halving and Hyperband judge a trial (bracket 0's; a later
+    bracket's are the tail of these): min_epochs x reduction_factor^k, while a cut there saves at
+    least 1/reduction_factor of the epochs."""
+    last = last_rung(reduction_factor, epochs)
+    out, rung = [], min_epochs
+    while rung <= last:
+        out.append(rung)
+        rung *= reduction_factor
+    return out
+
+
+def last_rung(reduction_factor: int, epochs: int) -> int:
+    """The last epoch at which a pruner may stop a trial (``rungs``)."""
+    return math.floor(epochs * (1 - 1 / reduction_factor))
+
+
 # Fusing pays from this many members of one architecture per fused model. CPU: 16, the smallest
 # group measured faster end to end through the CLI (1.3x the solo rate, `python
 # benchmarks/gpu_check.py --cpu fused`, docs/fused-trials.md); smaller groups on this 2-core CPU
@@ -67,6 +91,11 @@ BASE_FIRST_REASON = (
     "the first trial is the base point (the spec's values, else the plugins' defaults, else the "
     "ranges' centres): a known reasonable trial before the sampler's random start"
 )
+# The benchmark against the peers a user would pick instead (benchmarks/search_quality.py: SMAC3,
+# DEHB, Optuna TPE + Hyperband and Ray ASHA, each scored on held-out test data at equal device
+# time): where it measured the rule that chose a setting, `validate` cites this section, which holds
+# the figures (the rules for fusing, batches and the LR test were measured by their own benchmarks).
+AGAINST_PEERS = "docs/strategy.md#against-the-peers"
 # Spec paths that split a batch into several fused models when they differ between trials:
 # trial/fused.py fuse_key (its SHARED train settings, the data set and the whole model).
 FUSE_SPLITTING = ("model.", "dataset.") + tuple(
@@ -88,6 +117,16 @@ class Choice:
     setting: str  # the spec path, e.g. search.sampler
     value: str  # as the resolved spec holds it
     reason: str  # one line, with the numbers used
+    measured: str | None = None  # where the peer benchmark measured the rule (AGAINST_PEERS), if it did
+
+    def describe(self) -> str:
+        """One line for `sweeper validate`: the value, why, and whether the peers measured the rule."""
+        evidence = (
+            f"rule measured against the peers: {self.measured}"
+            if self.measured
+            else ("rule not measured against the peers")
+        )
+        return f"{self.setting}: {self.value} — {self.reason} [{evidence}]"
 
 
 @dataclass(frozen=True)
@@ -124,14 +163,16 @@ def choose(spec: SweepSpec, machine: Facts) -> Strategy:
     batch = out["batch_size"] if batched else search.parallel  # trials in flight without each other's results
     if search.sampler == "auto":
         out["sampler"], reason = _sampler(spec, n, batch)
-        choices.append(Choice("search.sampler", out["sampler"], reason))
+        measured = AGAINST_PEERS if out["sampler"] == "tpe" else None
+        choices.append(Choice("search.sampler", out["sampler"], reason, measured))
     if search.pruner.type == "auto":
         pruner, reason = _pruner(spec, n, batch, out["sampler"])
         out["pruner"] = {**out["pruner"], **pruner}
-        choices.append(Choice("search.pruner", _describe_pruner(out["pruner"]), reason))
+        measured = AGAINST_PEERS if pruner["type"] == "hyperband" else None
+        choices.append(Choice("search.pruner", _describe_pruner(out["pruner"]), reason, measured))
     if search.backend == "optuna" and "base_first" not in written:
         out["base_first"] = True
-        choices.append(Choice("search.base_first", "true", BASE_FIRST_REASON))
+        choices.append(Choice("search.base_first", "true", BASE_FIRST_REASON, AGAINST_PEERS))
     if search.backend == "optuna" and "lr_finder" not in written:
         enabled, reason = _lr_finder(spec, n)
         out["lr_finder"] = {**out["lr_finder"], "enabled": enabled}
@@ -264,8 +305,10 @@ def _pruner(spec: SweepSpec, n: int | None, batch: int, sampler: str) -> tuple[d
         return {"type": "median", "min_epochs": 1, "startup_trials": MEDIAN_STARTUP}, (
             f"{source} random sampling; prunes after {MEDIAN_STARTUP} trials have finished"
         )
+    at = ", ".join(str(r) for r in rungs(1, REDUCTION, epochs))
     return {"type": "hyperband", "min_epochs": 1, "reduction_factor": REDUCTION}, (
-        f"{source} TPE; rungs at epochs 1, {REDUCTION}, ... of {epochs}, 1 in {REDUCTION} kept at each"
+        f"{source} TPE; rungs at epochs {at} of {epochs} (none past {last_rung(REDUCTION, epochs)}: a later "
+        f"cut saves under 1/{REDUCTION} of a trial), 1 in {REDUCTION} kept at each"
     )
 
 
@@ -333,6 +376,15 @@ def notes(spec: SweepSpec, machine: Facts) -> list[str]:
             out.append(
                 f"search.pruner.min_epochs {search.pruner.min_epochs} >= train.epochs {train.epochs}: no "
                 f"trial is stopped before its last epoch; lower min_epochs"
+            )
+        elif search.pruner.type in ("asha", "hyperband") and not rungs(
+            search.pruner.min_epochs, search.pruner.reduction_factor, train.epochs
+        ):
+            last = last_rung(search.pruner.reduction_factor, train.epochs)
+            out.append(
+                f"search.pruner.min_epochs {search.pruner.min_epochs}: the {search.pruner.type} pruner judges "
+                f"no rung past epoch {last} of {train.epochs} (a later cut saves under "
+                f"1/{search.pruner.reduction_factor} of a trial), so it stops no trial; lower min_epochs"
             )
         elif search.pruner.type == "median" and n is not None and search.pruner.startup_trials >= n:
             out.append(

@@ -15,6 +15,7 @@ from sweeper.errors import UserError
 from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.spec.strategy import last_rung
 from sweeper.track.records import TrialRecord
 from sweeper.trial.seeding import sampler_seed, trial_seed
 from sweeper.trial.states import TrialState
@@ -125,16 +126,39 @@ def directions(spec: SweepSpec) -> list[Literal["maximize", "minimize"]]:
     return [g.direction for g in spec.goals]
 
 
+class _CutsThatSave:
+    """A successive-halving pruner that judges no rung past ``last_rung``
+    (sweeper.spec.strategy.rungs: a later cut saves under 1/reduction_factor of a trial). Its rung
+    bookkeeping stays Optuna's; mixed in before the Optuna class, so ``isinstance`` still holds."""
+
+    last_rung: int
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        if trial.last_step is not None and trial.last_step > self.last_rung:
+            return False
+        return super().prune(study, trial)  # type: ignore[misc]
+
+
+class _SuccessiveHalving(_CutsThatSave, optuna.pruners.SuccessiveHalvingPruner):
+    def __init__(self, min_resource: int, reduction_factor: int, epochs: int) -> None:
+        super().__init__(min_resource=min_resource, reduction_factor=reduction_factor)
+        self.last_rung = last_rung(reduction_factor, epochs)
+
+
+class _Hyperband(_CutsThatSave, optuna.pruners.HyperbandPruner):
+    def __init__(self, min_resource: int, reduction_factor: int, epochs: int) -> None:
+        super().__init__(min_resource=min_resource, max_resource=epochs, reduction_factor=reduction_factor)
+        self.last_rung = last_rung(reduction_factor, epochs)
+
+
 def make_pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
-    p = spec.search.pruner
+    p, epochs = spec.search.pruner, spec.train.epochs
     if p.type == "median":  # epochs are 1-based steps: the first prune can come at min_epochs
         return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.min_epochs)
     if p.type == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_epochs, reduction_factor=p.reduction_factor)
+        return _SuccessiveHalving(p.min_epochs, p.reduction_factor, epochs)
     if p.type == "hyperband":
-        return optuna.pruners.HyperbandPruner(
-            min_resource=p.min_epochs, max_resource=spec.train.epochs, reduction_factor=p.reduction_factor
-        )
+        return _Hyperband(p.min_epochs, p.reduction_factor, epochs)
     return optuna.pruners.NopPruner()
 
 
