@@ -36,9 +36,9 @@ MEDIAN_STARTUP = 5
 REDUCTION = 3
 # A rung judges a trial only while a cut there saves at least 1/reduction_factor of its epochs: past
 # epochs x (1 - 1/reduction_factor) a pruned trial had almost all its cost paid and is lost as a
-# candidate. With 10 epochs Optuna's rungs are 1, 3 and 9, and on digits `--auto` spent 27.0 of
-# 61.3 device-s on 11 trials pruned at epoch 9 (docs/strategy.md#against-the-peers). Hyperband
-# itself (Li et al. 2018) and SMAC3 and DEHB place their top rung at max / reduction_factor.
+# candidate: with 10 epochs Optuna's rungs are 1, 3 and 9 (what that cost: docs/strategy.md,
+# "Against the peers"). Hyperband itself (Li et al. 2018), SMAC3 and DEHB place their top rung at
+# max / reduction_factor.
 
 
 def rungs(min_epochs: int, reduction_factor: int, epochs: int) -> list[int]:
@@ -124,7 +124,7 @@ class Choice:
         evidence = (
             f"rule measured against the peers: {self.measured}"
             if self.measured
-            else ("rule not measured against the peers")
+            else "rule not measured against the peers"
         )
         return f"{self.setting}: {self.value} — {self.reason} [{evidence}]"
 

@@ -31,9 +31,8 @@ from sweeper.trial.execute import devices_used
 # At least this many full trials should fit in the budget at any one choice: TPE samples its first
 # 10 at random (spec/strategy.py TPE_STARTUP) and needs as many again to model, and Hyperband's
 # rungs compare 3 trials to keep 1; a pruner makes the average trial cheaper, so this is a floor on
-# the trials, not a target. It was 10 until the peer benchmark: on a table at 1 device-minute,
-# batch size 16 (estimated 4.5 s a trial, 2.5x the base point's: 13 fit) left --auto 29 trials to
-# the peers' 65-113 on the hand-written space, and a lower test score (docs/strategy.md#against-the-peers).
+# the trials, not a target. It was 10 until the peer benchmark showed a table's slow batch sizes
+# leaving --auto a quarter of the peers' trials (the figures: docs/strategy.md#against-the-peers).
 MIN_TRIALS = 30
 # Timing noise: six estimates of one mnist1d trial on this project's shared 2-core CPU ranged
 # 5.1-8.1 s. Each point is timed TIMINGS times and the fastest kept (the usual estimator of a
