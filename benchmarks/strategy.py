@@ -1,4 +1,4 @@
-"""What proposing trials in batches costs TPE (sweeper/spec/strategy.py's batch and fuse rules):
+"""What proposing trials in batches costs TPE (sweeper/plan/strategy.py's batch and fuse rules):
 the same budget of trials, proposed b at a time (each batch knowing only the earlier batches'
 results, as sweeper's reproducible batches do), on a cheap synthetic objective shaped like a
 sweep's (a log-scale learning rate with a narrow good range, a log-scale weight decay, a width

@@ -99,8 +99,8 @@ def trials_of(url: str, names: list[str]) -> list[dict]:
 
 def decision_ms(url: str, repeats: int = 50) -> float:
     """The median time of one policy decision (QueueWorker._next: the rows read, the choice)."""
-    from sweeper.search.queue.table import Offer
-    from sweeper.search.queue.worker import QueueWorker
+    from sweeper.queue.table import Offer
+    from sweeper.queue.worker import QueueWorker
 
     worker = QueueWorker(url, Path(tempfile.mkdtemp()), Offer("cpu", 16.0), lambda _: None, drain=True)
     try:

@@ -1,10 +1,13 @@
-"""Exceptions that cross module boundaries.
+"""Exceptions that cross module boundaries (public API: docs/api.md).
 
 UserError is anything the user can fix (spec, override, plugin name): the CLI prints its
-message and exits 2 without a traceback. SweepStopped is a sweep that stopped itself (its
-trials all failed alike): one paragraph, exit 1, no traceback. The other three travel from the trainer up to the
-backend, which owns the trial's state.
+message and exits 2 without a traceback; a plugin raises it for arguments it refuses. SweepStopped
+is a sweep that stopped itself (its trials all failed alike): one paragraph, exit 1, no
+traceback. The other three travel from the trainer up to the backend, which owns the trial's
+state; a plugin raises TrialFailed to fail its trial with a reason of its own.
 """
+
+__all__ = ["SweepStopped", "TrialFailed", "TrialPreempted", "TrialPruned", "UserError"]
 
 
 class UserError(Exception):

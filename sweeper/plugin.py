@@ -499,7 +499,7 @@ class Choice(Prior):
         return {"type": "categorical", "choices": list(self.values)}
 
 
-# True while sweeper dry-builds the plugins before the first trial (sweeper/trial/preflight.py).
+# True while sweeper dry-builds the plugins before the first trial (sweeper/plan/preflight.py).
 DRY_BUILD: ContextVar[bool] = ContextVar("sweeper_dry_build", default=False)
 
 

@@ -49,6 +49,9 @@ class PluginExportWarning(UserWarning):
 
 @dataclass
 class CheckReport:
+    """What a ``check_*_plugin`` call found: the plugin checked (its kind, name, distribution and
+    version), each check it passed, in order, and the export problems it warned of."""
+
     kind: str
     name: str
     distribution: str
@@ -444,24 +447,8 @@ def check_schedule_plugin(
     trip (what a checkpoint does) resumes the same LR curve."""
     factory, args, report = _start("schedules", name, args)
     x, y = _toy_data(seed)
-
-    def build() -> tuple[nn.Module, torch.optim.Optimizer, object]:
-        model, groups = _toy_model(seed)
-        groups[1]["lr"] = 0.02  # a group with its own LR: a schedule scales each group's
-        optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
-        try:
-            schedule = factory(optimizer, epochs=epochs, steps_per_epoch=steps_per_epoch, **args)
-        except Exception as exc:  # the plugin's to fix: said as a failed check, not a traceback from torch
-            _fail(report, "builds over an SGD optimizer with two parameter groups", _said(exc))
-        return model, optimizer, schedule
-
-    def rebuild() -> tuple[nn.Module, torch.optim.Optimizer, LRScheduler]:
-        model, optimizer, schedule = build()
-        if not isinstance(schedule, LRScheduler):
-            _fail(report, "returns an LRScheduler every time it is built", f"got {type(schedule).__name__}")
-        return model, optimizer, schedule
-
-    model, optimizer, schedule = build()
+    rig = _ScheduleRig(factory, args, report, epochs, steps_per_epoch, seed, x, y)
+    model, optimizer, schedule = rig.build()
     if schedule is None:
         report.passed.append("returns None: a constant LR")
         return report
@@ -471,28 +458,69 @@ def check_schedule_plugin(
     # the trainer's rule (sweeper/trial/trainer.py): a ReduceLROnPlateau steps once per epoch, on a metric
     how = "step(metric) once per epoch" if isinstance(schedule, ReduceLROnPlateau) else "step() once per optimizer step"
     took = f"takes {how} for {epochs} epochs of {steps_per_epoch} steps"
+    curve = rig.run(model, optimizer, schedule, range(1, epochs + 1), took)
+    report.passed.append(took)
+    _check_lr_curve(curve, steps_per_epoch, report)
+    _check_schedule_resumes(rig, curve, took)
+    return report
+
+
+@dataclass
+class _ScheduleRig:
+    """What check_schedule_plugin builds a schedule with and drives it on: the plugin's factory and
+    arguments, the run's length, the seed of the toy model and its data (``x``, ``y``)."""
+
+    factory: Callable[..., Any]
+    args: dict[str, Any]
+    report: CheckReport
+    epochs: int
+    steps_per_epoch: int
+    seed: int
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+        """A fresh toy model, its SGD optimizer (two groups, LRs 0.1 and 0.02) and the plugin's schedule over it."""
+        model, groups = _toy_model(self.seed)
+        groups[1]["lr"] = 0.02  # a group with its own LR: a schedule scales each group's
+        optimizer = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+        try:
+            schedule = self.factory(optimizer, epochs=self.epochs, steps_per_epoch=self.steps_per_epoch, **self.args)
+        except Exception as exc:  # the plugin's to fix: said as a failed check, not a traceback from torch
+            _fail(self.report, "builds over an SGD optimizer with two parameter groups", _said(exc))
+        return model, optimizer, schedule
+
+    def rebuild(self) -> tuple[nn.Module, torch.optim.Optimizer, LRScheduler]:
+        """``build`` again (a resumed run's fresh parts), failing the check unless it gives an LRScheduler again."""
+        model, optimizer, schedule = self.build()
+        if not isinstance(schedule, LRScheduler):
+            _fail(self.report, "returns an LRScheduler every time it is built", f"got {type(schedule).__name__}")
+        return model, optimizer, schedule
 
     def run(
-        model: nn.Module, optimizer: torch.optim.Optimizer, schedule: LRScheduler, epochs_run: range
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: LRScheduler, epochs_run: range, took: str
     ) -> list[list[float]]:
-        """Train ``epochs_run``; each group's LR at every optimizer step, then the LRs after the last."""
+        """Train ``epochs_run``; each group's LR at every optimizer step, then the LRs after the last
+        (a schedule step that raises fails the check ``took``: it names how the schedule is stepped)."""
         lrs = []
         for epoch in epochs_run:
-            for step in range(1, steps_per_epoch + 1):
+            for step in range(1, self.steps_per_epoch + 1):
                 lrs.append([float(group["lr"]) for group in optimizer.param_groups])
-                _toy_step(model, optimizer, x, y)
+                _toy_step(model, optimizer, self.x, self.y)
                 if isinstance(schedule, ReduceLROnPlateau):
                     continue
                 try:
                     schedule.step()
                 except Exception as exc:  # e.g. a OneCycleLR built for fewer steps than the run takes
-                    _fail(report, took, f"epoch {epoch}, step {step}: {_said(exc)}")
+                    _fail(self.report, took, f"epoch {epoch}, step {step}: {_said(exc)}")
             if isinstance(schedule, ReduceLROnPlateau):
                 schedule.step(STALLED_LOSS)
         return [*lrs, [float(group["lr"]) for group in optimizer.param_groups]]
 
-    curve = run(model, optimizer, schedule, range(1, epochs + 1))
-    report.passed.append(took)
+
+def _check_lr_curve(curve: list[list[float]], steps_per_epoch: int, report: CheckReport) -> None:
+    """Each group's LR in ``curve`` finite and positive at every optimizer step, and finite and not
+    negative after the last."""
     bad = [
         f"group {g} at epoch {i // steps_per_epoch + 1}, step {i % steps_per_epoch + 1}: lr {lr:.4g}"
         for i, lrs in enumerate(curve[:-1])
@@ -507,11 +535,33 @@ def check_schedule_plugin(
         f"got {curve[-1]}",
     )
 
-    half = epochs // 2  # a checkpoint after epoch `half`, resumed by freshly built parts
-    model, optimizer, schedule = rebuild()
-    before = run(model, optimizer, schedule, range(1, half + 1))
+
+def _check_schedule_resumes(rig: _ScheduleRig, curve: list[list[float]], took: str) -> None:
+    """Checkpoint a run after half its epochs, resume it in freshly built parts, and check that the
+    two halves' LRs are the whole run's ``curve``."""
+    half = rig.epochs // 2  # a checkpoint after epoch `half`, resumed by freshly built parts
+    model, optimizer, schedule = rig.rebuild()
+    before = rig.run(model, optimizer, schedule, range(1, half + 1), took)
+    state = _schedule_checkpoint(model, optimizer, schedule, rig.report)
+    model, optimizer, schedule = rig.rebuild()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["scheduler"])
+    after = rig.run(model, optimizer, schedule, range(half + 1, rig.epochs + 1), took)
+    _expect(
+        before[:-1] + after == curve,
+        rig.report,
+        f"resumes the same LR curve from state_dict after epoch {half} (checkpoints)",
+    )
+
+
+def _schedule_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, schedule: LRScheduler, report: CheckReport
+) -> dict[str, Any]:
+    """The parts' state_dicts saved and loaded as a checkpoint is (_round_trip), failing the check
+    where the schedule's state is one a weights_only load refuses."""
     try:
-        state = _round_trip(
+        return _round_trip(
             {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict()}
         )
     except Exception as exc:  # e.g. a state holding an object a weights_only load refuses
@@ -524,17 +574,6 @@ def check_schedule_plugin(
             if refused
             else _said(exc),
         )
-    model, optimizer, schedule = rebuild()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    schedule.load_state_dict(state["scheduler"])
-    after = run(model, optimizer, schedule, range(half + 1, epochs + 1))
-    _expect(
-        before[:-1] + after == curve,
-        report,
-        f"resumes the same LR curve from state_dict after epoch {half} (checkpoints)",
-    )
-    return report
 
 
 def _said(exc: BaseException) -> str:

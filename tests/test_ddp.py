@@ -19,9 +19,9 @@ from conftest import config, learned, sweeper, wait_for, write_spec
 
 from sweeper.errors import TrialPreempted
 from sweeper.search import faults
+from sweeper.states import FailureKind, TrialState
 from sweeper.trial import checkpoint
 from sweeper.trial.execute import execute
-from sweeper.trial.states import FailureKind, TrialState
 
 # A 2-rank trial and a 1-device trial of the same global batch differ by float rounding only:
 # DDP averages the ranks' gradients (a sum in another order), the epoch's loss is summed per rank
@@ -140,10 +140,13 @@ def test_a_rank_that_raises_fails_its_trial_with_its_reason(gate: Path):
 def test_a_hung_rank_is_stopped_by_the_trial_time_limit(gate: Path):
     # the first rank to build its schedule waits at its gate for a release that never comes (its
     # peer waits for it in the step's all-reduce): train.max_trial_seconds stops the trial
+    # (the limit: well past epoch 1 of two gloo ranks on a loaded 2-core machine, so the trial is
+    # stopped at the gate, which is asserted, not before it)
     hung = config("train.devices=2", "schedule.plugin=gate", f"schedule.args={{folder: {gate}, epoch: 2}}", epochs=3)
-    out = execute(replace(hung, spec=hung.spec.with_values({"train.max_trial_seconds": 5})), NEVER)
+    out = execute(replace(hung, spec=hung.spec.with_values({"train.max_trial_seconds": 15})), NEVER)
     assert out.state == TrialState.FAILED and out.failure == FailureKind.TIMED_OUT, out.reason
-    assert "ran past train.max_trial_seconds=5" in out.reason
+    assert "ran past train.max_trial_seconds=15" in out.reason
+    assert (gate / "blocked").exists() and len(out.history) == 1, "stopped before the rank hung at its gate"
 
 
 def test_rank_settings_are_checked_before_any_compute(workdir: Path):

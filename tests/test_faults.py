@@ -16,8 +16,8 @@ from conftest import SPACES, make_dist, sweeper, write_spec
 from sweeper.search import faults
 from sweeper.search.pool import death
 from sweeper.spec import load
+from sweeper.states import FailureKind, TrialState
 from sweeper.track.records import TrialRecord
-from sweeper.trial.states import FailureKind, TrialState
 
 
 @pytest.fixture

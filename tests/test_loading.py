@@ -15,10 +15,10 @@ import torch
 from conftest import SPACES, learned, sweeper, write_spec, write_tiny_cifar
 from mlflow.tracking import MlflowClient
 
+from sweeper.plan.estimate import tensor_bytes
 from sweeper.plugin import pad_collate
 from sweeper.spec import SweepSpec
 from sweeper.trial.build import load_data
-from sweeper.trial.estimate import tensor_bytes
 
 # Tiny: 2 trials x 2 epochs of 128 short sequences; dropout searched, so the dropout draws count.
 SEQUENCES = {

@@ -131,7 +131,7 @@ def test_lr_finder_needs_a_searched_lr():
 
 
 def test_the_warm_start_gives_back_its_data_unless_trials_train_in_this_process(tmp_path: Path):
-    from sweeper.search import warm_start
+    from sweeper.search import lr_range_tests
     from sweeper.trial.build import ProcessCache
 
     lr = "search.space.optimizer.args.lr={type: float, low: 1.0e-4, high: 1.0, log: true}"
@@ -140,5 +140,5 @@ def test_the_warm_start_gives_back_its_data_unless_trials_train_in_this_process(
             SPACES / "smoke.yaml", [lr, "search.lr_finder={enabled: true, steps: 10}", f"search.parallel={parallel}"]
         )
         cache = ProcessCache()  # the sweep process's
-        warm_start.prepare(spec, tmp_path / str(parallel), cache)
+        lr_range_tests.prepare(spec, tmp_path / str(parallel), cache)
         assert bool(cache.data.held) is kept

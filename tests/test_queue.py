@@ -16,8 +16,8 @@ from conftest import sweeper, wait_for, write_spec
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
 from test_distributed import finish, gated, start, trials
 
-from sweeper.search.queue.policy import HALF_LIFE_S, Pool, ahead_by, choose
-from sweeper.search.queue.table import Entry, Offer
+from sweeper.queue.policy import HALF_LIFE_S, Pool, ahead_by, choose
+from sweeper.queue.table import Entry, Offer
 
 CPU = Offer("cpu", 16.0)
 
@@ -199,14 +199,34 @@ def test_a_sweep_needing_more_memory_waits_for_a_worker_offering_it(workdir: Pat
     assert queue_rows(pg_url)["big"]["state"] == "finished"
 
 
-def test_an_owners_quota_of_one_device_keeps_its_trials_apart(workdir: Path, pg_url: str):
+def test_an_owners_quota_of_one_device_keeps_its_trials_apart(workdir: Path, gate: Path, pg_url: str):
+    """Two workers up at once, alice allowed one device: worker a holds her trial 0 at its gate
+    while b joins; a then leaves (SIGTERM, the trial released at its epoch's end) and b trains
+    the rest. Both took part, and no two of her trials ever ran at the same time."""
+    from sweeper.queue.table import LIVE_S, Queue
+    from sweeper.search.optuna.study import OWNER
+
     assert "at most 1 device(s)" in sweeper("share", pg_url, "alice", "--max-devices", "1", check=True).stdout
-    sweeper("submit", str(smoke(workdir, "q")), "--queue", pg_url, "--owner", "alice", check=True)
-    workers = [start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log=f"w{i}") for i in (1, 2)]
-    for i, w in enumerate(workers, 1):
-        finish(w, workdir, f"w{i}")
-    spans = sorted((t.datetime_start, t.datetime_complete) for t in trials(pg_url, "q"))
-    assert len(spans) == 4 and all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    spec = gated(workdir, gate, None, sampler="random", pruner={"type": "none"})
+    sweeper("submit", str(spec), "--queue", pg_url, "--owner", "alice", check=True)
+    a = start(workdir, "worker", "--queue", pg_url, "--out", "runs", log="a")  # no --drain: serves until stopped
+    wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 (alice's one device)")
+    b = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="b")
+    queue = Queue(pg_url)
+    try:
+        wait_for(lambda: len(queue.workers(LIVE_S)) == 2, b, what="worker b in the queue beside worker a")
+    finally:
+        queue.close()
+    a.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping (SIGTERM)" in (workdir / "a.log").read_text(), a, what="worker a stopping")
+    (gate / "release").touch()
+    finish(a, workdir, "a")
+    finish(b, workdir, "b")
+    done = trials(pg_url)
+    spans = sorted((t.datetime_start, t.datetime_complete) for t in done)
+    assert len(spans) == 5 and all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # one at a time
+    pids = [int(t.system_attrs[OWNER].split(":")[1]) for t in done]  # the member holding each: host:pid:tag
+    assert pids[0] == a.pid and set(pids[1:]) == {b.pid}, pids  # both took part: trial 0 preempted, then b
 
 
 def test_a_killed_worker_loses_nothing(workdir: Path, gate: Path, pg_url: str):
@@ -269,7 +289,7 @@ def test_a_preempted_trial_resumes_from_its_epoch_bitwise(workdir: Path, gate: P
 
 
 def test_a_worker_stopped_with_sigterm_releases_its_trial_at_the_epoch_end(workdir: Path, gate: Path, pg_url: str):
-    from sweeper.search.queue.table import LIVE_S, Queue
+    from sweeper.queue.table import LIVE_S, Queue
 
     sweeper("submit", str(gated(workdir, gate, None, n_trials=1, batch_size=1)), "--queue", pg_url, check=True)
     a = start(workdir, "worker", "--queue", pg_url, "--out", "runs", log="a")  # no --drain: serves until stopped
@@ -367,7 +387,7 @@ def test_the_policy_counts_the_devices_of_trials_on_several():
 def test_a_queue_made_before_device_counts_gains_them(tmp_path: Path):
     import sqlalchemy as sa
 
-    from sweeper.search.queue.table import Queue
+    from sweeper.queue.table import Queue
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = sa.create_engine(url)

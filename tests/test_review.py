@@ -91,7 +91,7 @@ def test_dashboard_serves_the_sweeps_study_with_its_objective_named(reviewed: Pa
 def test_validate_estimate_times_steps_and_bounds_the_sweep(workdir: Path):
     import re
 
-    from sweeper.trial.estimate import Estimate
+    from sweeper.plan.estimate import Estimate
 
     spec = write_spec(workdir / "s.yaml", tracking={"enabled": False})
     out = sweeper(

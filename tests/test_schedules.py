@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import SPACES, sweeper
 
+from sweeper.plan.preflight import dry_build
 from sweeper.pluginhost import registry
 from sweeper.spec import load
-from sweeper.trial.preflight import dry_build
 
 BUILT_IN = sorted(p.name for p in registry.list_plugins("schedules") if p.distribution == "sweeper")
 STEPS = 8  # optimizer steps: the whole schedule (2 epochs x 4 steps): one-cycle's warm-up and decay

@@ -7,7 +7,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from conftest import SPACES, sweeper, write_tiny_cifar
+from conftest import SPACES, sweeper, write_spec, write_tiny_cifar
 from typer.testing import CliRunner
 
 from sweeper import spec as spec_mod
@@ -33,6 +33,12 @@ def test_shipped_specs_validate(workdir: Path):
         code, out = validate(str(SPACES / f"{name}.yaml"), *overrides)
         assert code == 0, out
         assert "# budget:" in out and "# plugins:" in out and "# dry build:" in out
+
+
+def test_a_new_spec_exports_pt2_and_onnx_not_the_deprecated_torchscript(tmp_path: Path):
+    spec = spec_mod.load(write_spec(tmp_path / "new.yaml", export={}))
+    assert spec.export.formats == ["pt2", "onnx"]  # docs/export.md: TorchScript only when listed
+    assert spec_mod.load(SPACES / "smoke.yaml").export.formats == ["torchscript"]  # a written list is kept
 
 
 def test_overrides_set_nested_fields_and_space_keys():

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from conftest import SPACES, install_test_plugin, sweeper, write_spec
 
-from sweeper.pluginhost import strategy as host
-from sweeper.search import warm_start
+from sweeper.plan import resolve as host
+from sweeper.plan import strategy as st
+from sweeper.search import lr_range_tests
 from sweeper.search.optuna.study import make_pruner
 from sweeper.spec import load, validate
-from sweeper.spec import strategy as st
 from sweeper.spec.load import parse_yaml
 from sweeper.trial import fused
 
@@ -107,7 +107,7 @@ def test_fusion_where_it_pays() -> None:
         "take a continuous range or more than a grid's 100,000 combinations"
         in chosen(spec_of({**one_architecture, "space": wide}))["search.fuse"]
     )
-    # a plugin that opts out (pluginhost/strategy.py finds it out)
+    # a plugin that opts out (plan/resolve.py finds it out)
     facts = st.Facts(cuda=True, unfusable="the model plugin 'x' says it cannot be fused")
     assert chosen(spec_of(one_architecture), facts)["search.fuse"].startswith("off | no trial of this spec")
     # DDP trials train on their own devices: never fused, and the spec chosen for them is valid
@@ -150,10 +150,10 @@ def test_grid_and_several_objectives() -> None:
 
 
 def test_the_rules_read_what_the_code_does() -> None:
-    """The strategy's copies of what trial/ and search/ decide (spec/ may not import them)."""
+    """The strategy's copies of what trial/ and search/ decide (plan/strategy.py is pure: it imports neither)."""
     assert st.FUSE_SPLITTING[2:] == tuple(f"train.{name}" for name in fused.SHARED)
-    assert warm_start.CONFIG_PATHS == ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
-    assert warm_start.MAX_CONFIGS == 8
+    assert lr_range_tests.CONFIG_PATHS == ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size")
+    assert lr_range_tests.MAX_CONFIGS == 8
 
 
 def test_validate_explains_the_auto_strategy(tmp_path: Path) -> None:
@@ -267,7 +267,7 @@ def test_a_plugin_that_opts_out_of_fusing_keeps_fusion_off(lonely: None) -> None
     space = {"optimizer.args.lr": LR, "optimizer.plugin": {"type": "categorical", "choices": ["adam", "lonely_sgd"]}}
     spec = spec_of({"n_trials": 256, "space": space})
     assert "lonely_sgd" in str(host.why_unfusable(spec))
-    got = host.resolve(spec)
+    got = host.choose(spec)
     fuse = next(c for c in got.choices if c.setting == "search.fuse")
     assert fuse.value == "off" and "the optimizer plugin 'lonely_sgd' says it cannot be fused" in fuse.reason
     assert host.why_unfusable(spec_of({"n_trials": 256, "space": {"optimizer.args.lr": LR}})) is None
@@ -277,7 +277,7 @@ def test_an_auto_sweep_is_sized_to_its_budget_and_starts_at_the_base_point(tmp_p
     """--auto with a device-time budget: a model too costly for it is dropped (validate and run
     say so, summary.json records it); the base point runs first, and once, also when the sweep is
     resumed; the resume keeps the sizing the sweep began with."""
-    from sweeper.trial.sized_space import MIN_TRIALS
+    from sweeper.plan.sized_space import MIN_TRIALS
 
     # hidden 2048 x 2 layers: ~0.8 GFLOP a step, 25x and more the cost of hidden 16 (the base point's:
     # the spec's 32 is not offered) and far over a tenth of the budget (0.36 s)

@@ -19,8 +19,8 @@ queue_app = typer.Typer()  # merged into the sweeper app (after `submit`)
 def serve_queue(
     url: str, out_root: Path, device: str | None, memory_gb: float | None, devices: int | None, drain: bool
 ) -> None:
-    from sweeper.search.queue.table import Offer
-    from sweeper.search.queue.worker import QueueWorker, detect_offer
+    from sweeper.queue.table import Offer
+    from sweeper.queue.worker import QueueWorker, detect_offer
 
     found = detect_offer()
     if device not in (None, "cpu", "cuda"):
@@ -43,10 +43,11 @@ QUEUED = typer.Argument(..., help="the queued sweep's name", show_default=False)
 def queue_cmd(
     url: str = QUEUE_URL, as_json: bool = typer.Option(False, "--json", help="print the queue as JSON")
 ) -> None:
-    """List the queue's sweeps: owner, priority, state, trials done, workers, device time."""
+    """List the queue's sweeps: owner, priority, state, trials done, workers, device time.
+    (The queue is experimental: docs/api.md.)"""
     from rich.table import Table
 
-    from sweeper.search.queue.submit import listing
+    from sweeper.queue.submit import listing
 
     rows = listing(url)
     if as_json:
@@ -70,7 +71,7 @@ def queue_cmd(
 @user_errors
 def cancel(url: str = QUEUE_URL, name: str = QUEUED) -> None:
     """Cancel a queued sweep: no new trial is claimed; its running trials finish."""
-    from sweeper.search.queue.submit import cancel as cancel_sweep
+    from sweeper.queue.submit import cancel as cancel_sweep
 
     was = cancel_sweep(url, name)
     typer.echo(f"cancelled sweep '{name}' (it was {was}): running trials finish, no new trial starts")
@@ -82,7 +83,7 @@ def priority(
     url: str = QUEUE_URL, name: str = QUEUED, value: int = typer.Argument(..., help="higher runs first")
 ) -> None:
     """Change a queued sweep's priority (workers follow it at their next claim)."""
-    from sweeper.search.queue.submit import set_priority
+    from sweeper.queue.submit import set_priority
 
     set_priority(url, name, value)
     typer.echo(f"sweep '{name}' now has priority {value}")
@@ -99,7 +100,7 @@ def share(
     max_devices: int | None = typer.Option(None, "--max-devices", help="quota: devices in use at once (-1: none)"),
 ) -> None:
     """Set an owner's fair-share weight and quota of devices."""
-    from sweeper.search.queue.submit import share as set_share
+    from sweeper.queue.submit import share as set_share
 
     got = set_share(url, owner, weight, max_devices)
     quota = "no quota" if got["max_devices"] is None else f"at most {got['max_devices']} device(s) at once"
@@ -115,7 +116,7 @@ def queue_access(
 ) -> None:
     """Set up a PostgreSQL queue for a team (as the database's owner): every table created, the
     workers' role may write everything, each submitter changes only the sweeps it owns."""
-    from sweeper.search.queue.roles import secure
+    from sweeper.queue.roles import secure
 
     names = [n.strip() for n in submitters.split(",") if n.strip()]
     for statement in secure(url, workers, names):

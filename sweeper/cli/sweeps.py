@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -19,6 +20,9 @@ from sweeper.cli import queue as queue_commands
 from sweeper.cli.base import AUTO, OVERRIDES, SPEC, app, err, user_errors
 from sweeper.errors import UserError
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
+
+if TYPE_CHECKING:
+    from sweeper.spec import SweepSpec
 
 
 @app.command()
@@ -82,6 +86,7 @@ def worker(
     queue's sweeps by priority and fair share until stopped (SIGTERM: its trial stops at its
     epoch's end and is released for another worker to resume)."""
     from sweeper.search import runner
+    from sweeper.search.state import Role
     from sweeper.spec import load, validate
     from sweeper.track.progress import QuietObserver, RichObserver
 
@@ -106,7 +111,7 @@ def worker(
             f"(a Ray sweep's workers are Ray nodes: `ray start --address ...`)"
         )
     observer = QuietObserver() if quiet else RichObserver()
-    report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role="worker")
+    report = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer, role=Role.WORKER)
     counts = ", ".join(f"{n} {state}" for state, n in report["counts"].items()) or "none"
     typer.echo(f"worker done: sweep '{sweep.name}' has no trial left to claim (trials: {counts})")
 
@@ -195,9 +200,9 @@ def submit(
     if (address is None) == (queue is None):
         raise UserError("give --queue URL (a queue of sweeps) or --address URL (a Ray cluster)")
     if queue is not None:
+        from sweeper.queue.submit import default_owner
+        from sweeper.queue.submit import submit as queue_sweep
         from sweeper.search.optuna.study import safe_url
-        from sweeper.search.queue.submit import default_owner
-        from sweeper.search.queue.submit import submit as queue_sweep
 
         entry = queue_sweep(spec, overrides or [], queue, owner or default_owner(), priority, device, min_memory_gb)
         typer.echo(
@@ -235,51 +240,45 @@ def validate(
     with where each entry comes from, and the budget."""
     import yaml
 
-    from sweeper.pluginhost import strategy
-    from sweeper.pluginhost.auto_space import Derived, derive, provenance_lines
-    from sweeper.pluginhost.binding import check_plugins, provenance
-    from sweeper.pluginhost.tasks import resolve
+    from sweeper.plan import sized_space
+    from sweeper.plan.resolve import resolve_sweep
+    from sweeper.pluginhost.auto_space import provenance_lines
+    from sweeper.pluginhost.binding import provenance
     from sweeper.spec import load
-    from sweeper.trial import sized_space
-    from sweeper.trial.preflight import dry_build
 
     loaded = load(spec, overrides or [], auto=auto)
-    derived = derive(loaded)
-    sized: list[str] = []
-    if sized_space.wanted(loaded):  # --auto with a device-time budget: as `sweeper run` sizes it
-        done = sized_space.size(derived.spec)
-        derived, sized = Derived(done.spec, {p: derived.sources[p] for p in done.spec.search.space}), done.changes
-    chosen = strategy.resolve(derived.spec)  # sampler/pruner: auto, from the derived (sized) space
-    sweep = resolve(chosen.spec)
-    check_plugins(sweep)
-    if sweep.search.warm_start:
-        from sweeper.search.optuna import earlier
-
-        earlier.check(sweep, None)  # each earlier sweep is there and measured the same objective
-    dry = dry_build(sweep)  # the data set is prepared (downloaded) here, as `sweeper run` would
+    resolved = resolve_sweep(loaded, size=sized_space.size, check=_check_earlier)  # as `sweeper run` resolves it
+    sweep = resolved.spec
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")
-    for line in provenance_lines(derived):
+    for line in provenance_lines(resolved.space):
         typer.echo(f"#   {line}")
-    if sized_space.wanted(loaded):
+    if resolved.sized is not None:
         typer.echo("# sized to the budget (timed here; `sweeper run` sizes again on its machine):")
-        for change in sized or ["search.space: nothing dropped, every choice fits"]:
+        for change in resolved.sized or ["search.space: nothing dropped, every choice fits"]:
             typer.echo(f"#   {change}")
     typer.echo(f"# budget: {sweep.budget()}")
-    if chosen.choices:
+    if resolved.choices:
         typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")
-        for choice in chosen.choices:
+        for choice in resolved.choices:
             typer.echo(f"#   {choice.describe()}")
-    for note in strategy.notes(sweep):  # settings that cannot take effect: said, not refused
-        err.print("[yellow]warning:[/]", escape(note), soft_wrap=True)
     typer.echo(f"# plugins: {', '.join(f'{k}={v}' for k, v in provenance(sweep).items())}")
-    typer.echo(f"# dry build: {dry.summary()}")
-    for warning in dry.warnings:
+    assert resolved.dry is not None
+    typer.echo(f"# dry build: {resolved.dry.summary()}")
+    for warning in resolved.warnings():  # settings that cannot take effect: said, not refused
         err.print("[yellow]warning:[/]", escape(warning), soft_wrap=True)
     if estimate:
-        from sweeper.trial.estimate import estimate as time_steps
+        from sweeper.plan.estimate import estimate as time_steps
 
         typer.echo(time_steps(sweep).describe())
+
+
+def _check_earlier(spec: SweepSpec) -> None:
+    """Each earlier sweep of search.warm_start is there and measured the same objective."""
+    if spec.search.warm_start:
+        from sweeper.search.optuna import earlier
+
+        earlier.check(spec, None)
 
 
 @app.command("lr-find")
@@ -290,17 +289,13 @@ def lr_find(
     out: Path | None = typer.Option(None, "--out", help="folder for the plot [default: runs/<name>]"),
 ) -> None:
     """Run the LR range test alone on the spec's base config; print the suggestion and the plot."""
-    from sweeper.pluginhost.binding import check_plugins
-    from sweeper.pluginhost.tasks import resolve
-    from sweeper.search import runner, warm_start
+    from sweeper.plan.resolve import resolve_sweep
+    from sweeper.search import lr_range_tests, runner
     from sweeper.spec import load
     from sweeper.trial.lr_finder import plot
-    from sweeper.trial.preflight import dry_build
 
-    sweep = resolve(load(spec, overrides or []))
-    check_plugins(sweep)
-    dry_build(sweep)  # a missing data set or a broken plugin: exit 2, as for `sweeper run`
-    result = warm_start.find_alone(sweep)
+    sweep = resolve_sweep(load(spec, overrides or [])).spec  # a broken plugin: exit 2, as for `sweeper run`
+    result = lr_range_tests.find_alone(sweep)
     path = plot(result, (out or runner.default_out_dir(sweep)) / "lr_finder.png")
     lrs = f"{result.lrs[0]:.3g}..{result.lrs[-1]:.3g}" if result.lrs else "no finite point"
     found = f"{result.suggestion:.4g}" if result.suggestion is not None else "none (no reliable signal)"

@@ -42,27 +42,58 @@ def register(
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
     move the alias when ``values`` (its objectives' values, by metric) beat the champion's.
     A model of padded sequences is not registered (the result says why: ``skipped``)."""
-    import mlflow
-    import torch
-    from mlflow.exceptions import MlflowException
-    from mlflow.models import ModelSignature
     from mlflow.tracking import MlflowClient
-    from mlflow.types import Schema, TensorSpec
 
     name = spec.export.registered_name or spec.name
     if Signature.of(data).masked:
         return {"name": name, "skipped": PADDED_SKIP}
     client = MlflowClient(tracking_uri)
     example = data.val_inputs(EXAMPLE_ROWS).detach().cpu().float().numpy()
-    signature = ModelSignature(  # -1: any batch size
+    logged = _log_model(client, tracking_uri, run_id, model, _signature(data, outputs), example)
+    _ensure_registered(client, name)
+    version = client.create_model_version(
+        name, logged.model_uri, run_id=run_id, tags=_version_tags(spec, values), model_id=logged.model_id
+    ).version
+    if len(spec.goals) > 1:
+        moved, reason = _decide_front(client, name, spec, values)
+    else:
+        moved, reason = _decide(client, name, spec.objective, float(values[spec.objective.metric]))
+    if moved:
+        client.set_registered_model_alias(name, ALIAS, version)
+    return {
+        "name": name,
+        "version": int(version),
+        "model_uri": f"models:/{name}/{version}",
+        "champion": moved,
+        "reason": reason,
+    }
+
+
+def _signature(data: DataSplits | DatasetSplits, outputs: int | None) -> Any:
+    """The logged model's MLflow signature: float32 inputs of the data's shape, ``outputs`` (default
+    num_classes) float32 outputs, both for any batch size."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    return ModelSignature(  # -1: any batch size
         inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
         outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, outputs or data.num_classes))]),
     )
+
+
+def _log_model(
+    client: Any, tracking_uri: str, run_id: str, model: nn.Module, signature: Any, example: np.ndarray
+) -> Any:
+    """Log ``model`` to run ``run_id`` (MLflow's pytorch flavour, saved with torch.export), with
+    MLflow's process-wide tracking URI and experiment set to the run's for the call only."""
+    import mlflow
+    import torch
+
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below
     try:
         with contextlib.redirect_stdout(io.StringIO()), _experiment_of(client, run_id):
-            logged = mlflow.pytorch.log_model(
+            return mlflow.pytorch.log_model(
                 model.eval().cpu(),
                 name="model",
                 signature=signature,
@@ -74,34 +105,29 @@ def register(
             )
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def _ensure_registered(client: Any, name: str) -> None:
+    """Create the registered model ``name`` unless it exists (the first sweep registering under it)."""
+    from mlflow.exceptions import MlflowException
+
     try:
         client.get_registered_model(name)
     except MlflowException:  # the first sweep under this name
         client.create_registered_model(name)
+
+
+def _version_tags(spec: SweepSpec, values: dict[str, float]) -> dict[str, str]:
+    """The new version's tags: the sweep and its objectives with this model's values, which the
+    next sweep's _decide/_decide_front compare with when this version is the champion."""
     objective = spec.objective
-    tags = {
+    return {
         f"{TAG}objective_metric": objective.metric,
         f"{TAG}objective_direction": objective.direction,
         f"{TAG}objective_value": repr(float(values[objective.metric])),
         f"{TAG}sweep": spec.name,
         f"{TAG}objectives": _goals_json(spec.goals),
         f"{TAG}objective_values": json.dumps(values, sort_keys=True),
-    }
-    version = client.create_model_version(
-        name, logged.model_uri, run_id=run_id, tags=tags, model_id=logged.model_id
-    ).version
-    if len(spec.goals) > 1:
-        moved, reason = _decide_front(client, name, spec, values)
-    else:
-        moved, reason = _decide(client, name, objective, float(values[objective.metric]))
-    if moved:
-        client.set_registered_model_alias(name, ALIAS, version)
-    return {
-        "name": name,
-        "version": int(version),
-        "model_uri": f"models:/{name}/{version}",
-        "champion": moved,
-        "reason": reason,
     }
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from sweeper.errors import UserError
 from sweeper.spec import EXPORT_FORMATS
+from sweeper.states import TrialState
 from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import TrialJson, load_trial
 from sweeper.trial.build import rebuild
 from sweeper.trial.checkpoint import CorruptCheckpoint
-from sweeper.trial.states import TrialState
 
 
 def parse_formats(values: list[str] | None) -> list[str] | None:

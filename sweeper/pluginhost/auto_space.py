@@ -80,7 +80,7 @@ def derive(spec: SweepSpec) -> Derived:
         ) from None
     check_space_types(derived, "search.auto")
     # the validated space in a copy of the spec as written: the fields it set stay the ones it set
-    # (the auto strategy, pluginhost/strategy.py, chooses only what the spec does not write)
+    # (the auto strategy, plan/strategy.py, chooses only what the spec does not write)
     search = spec.search.model_copy(update={"space": derived.search.space, "auto": None})
     return Derived(spec.model_copy(update={"search": search}), {path: sources[path] for path in space})
 

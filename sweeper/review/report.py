@@ -17,9 +17,9 @@ from sweeper.errors import UserError
 from sweeper.review import plots as search_plots
 from sweeper.review.study_view import study_of
 from sweeper.spec import SweepSpec
+from sweeper.states import TrialState
 from sweeper.track.mlflow import Tracker, resolve_uri
 from sweeper.track.records import TrialRecord
-from sweeper.trial.states import TrialState
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
@@ -29,8 +29,9 @@ h2{border-bottom:2px solid #eee;padding-bottom:.2em;margin-top:1.6em}.note{color
 
 class Drawing:
     """The plots of a sweep's trials (``summary``'s spec and trials), drawn on a thread of their
-    own from the start: a sweep's end draws them while its export runs (about 4 s here, much of
-    it while the export's check waits for its process); ``finish`` writes the report."""
+    own from the start: a sweep's end draws them while its export runs (much of the drawing
+    while the export's check waits for its process; the figures: docs/reviewing.md#reporthtml);
+    ``finish`` writes the report."""
 
     def __init__(self, summary: dict[str, Any], folder: Path) -> None:
         self.spec = SweepSpec.model_validate(summary["spec"])

@@ -15,8 +15,8 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.states import TrialState
 from sweeper.track.records import TrialRecord
-from sweeper.trial.states import TrialState
 
 # the finished states a study holds (an interrupted attempt is not a trial of the study)
 STATES = {

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sweeper.search.state import SweepStore
+from sweeper.search.state import Role, SweepStore
 from sweeper.search.trial_runs import SweepInfo
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
@@ -45,9 +45,7 @@ class SearchContext:
     sweep: SweepInfo
     observer: Observer
     store: SweepStore  # the one the backend's store() returned
-    # run: serve the sweep until every trial has finished; worker: until none waits; finish: as run,
-    # for a queue's worker that summarises a sweep whose trials have all ended (its budget unchanged)
-    role: str = "run"
+    role: Role = Role.RUN
     # params of the sweep's first trials (the LR-finder warm start)
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     # this process's data set and compiled forwards (the LR warm start's data set, for trials it trains)

@@ -17,10 +17,10 @@ from typing import Any
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import choose, pareto_front
+from sweeper.states import TrialState
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialRecord
 from sweeper.trial.checkpoint import trial_path
-from sweeper.trial.states import TrialState
 
 ARTIFACT_FOLDER = "checkpoint"  # in a trial's MLflow run
 

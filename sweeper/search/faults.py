@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 from sweeper.errors import SweepStopped
 from sweeper.spec import SweepSpec
+from sweeper.states import FailureKind, TrialState
 from sweeper.track.records import TrialRecord
-from sweeper.trial.states import FailureKind, TrialState
 
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 # The failures of a machine, not of the trial's configuration: the trial is retried, and its

@@ -22,9 +22,9 @@ from typing import Any, Protocol, cast
 import torch
 
 from sweeper.errors import SweepStopped
+from sweeper.states import FailureKind, TrialState
 from sweeper.trial.build import ProcessCache, TrialConfig
 from sweeper.trial.execute import Decide, Outcome, devices_used, execute_group
-from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import timed_out_reason
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
@@ -60,9 +60,9 @@ class Executor(Protocol):
 
 class Prestarted:
     """Worker processes spawned before their pool: their start (importing torch, then
-    torch._dynamo, which torch.optim imports on first use: ~3 s a process here) overlaps this
-    process's own (the preflight, MLflow, the Optuna storage). The sweep holds them until its
-    ProcessPool takes them; ``discard`` stops those no pool took."""
+    torch._dynamo, which torch.optim imports on first use; the cost: docs/speed.md#start-up)
+    overlaps this process's own (the preflight, MLflow, the Optuna storage). The sweep holds them
+    until its ProcessPool takes them; ``discard`` stops those no pool took."""
 
     def __init__(self) -> None:
         self.workers: list[tuple[Any, Connection]] = []  # (process, this side's pipe), by index
@@ -390,7 +390,8 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
 
     import torch
 
-    # torch.optim's first use imports torch._dynamo (~1.5 s): now, while the coordinator starts
+    # torch.optim's first use imports torch._dynamo (docs/speed.md#start-up): now, while the
+    # coordinator starts
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     cache = ProcessCache()  # the data set and compiled forwards of this worker's trials, for its lifetime
     try:

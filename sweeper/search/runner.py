@@ -17,15 +17,14 @@ from pydantic import TypeAdapter
 
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
-from sweeper.pluginhost import strategy
-from sweeper.pluginhost.auto_space import derive
+from sweeper.plan import sized_space
+from sweeper.plan.resolve import resolve_sweep
+from sweeper.plan.sized_space import Sized
 from sweeper.pluginhost.base_point import base_point
-from sweeper.pluginhost.binding import check_plugins
-from sweeper.pluginhost.tasks import resolve
 from sweeper.search import backend, checkpoints, pool
 from sweeper.search.backend import Observer, SearchContext, SearchResult
 from sweeper.search.interim import InterimReview
-from sweeper.search.state import Prepared, SweepStore
+from sweeper.search.state import Prepared, Role, SweepStore
 from sweeper.search.trial_runs import SweepInfo, end_sweep_run, git_revision, start_sweep_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
@@ -33,11 +32,8 @@ from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
 from sweeper.track.sync import sync_tracker
-from sweeper.trial import sized_space
 from sweeper.trial.build import DataCache, ProcessCache
 from sweeper.trial.checkpoint import trial_path
-from sweeper.trial.preflight import dry_build
-from sweeper.trial.sized_space import Sized
 
 TRACKER_ATTEMPTS = 5
 LOCK_FILE = "run.lock"  # in --out: held by the `sweeper run` using the folder
@@ -103,7 +99,7 @@ def folder_lock(out_dir: Path) -> Iterator[None]:
 
 @dataclass
 class Visit:
-    """How a queue's worker (search/queue/worker.py) serves a sweep, visit after visit."""
+    """How a queue's worker (queue/worker.py) serves a sweep, visit after visit."""
 
     elsewhere: Callable[[bool, float], bool]  # asked before each claim: leave for another sweep (SearchContext)
     preempt: Callable[[], str | None]  # asked after each epoch: a reason to stop the trial there
@@ -120,6 +116,20 @@ class Visit:
             self.store.close()
             self.store = None
         self.cache = ProcessCache()
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What this process serves the resolved sweep with (run_sweep gathers it)."""
+
+    out_dir: Path
+    observer: Observer
+    role: Role
+    searcher: backend.Backend
+    store: SweepStore  # the one the searcher's store() returned (or a worker's visit kept)
+    cache: ProcessCache  # this process's data set and compiled forwards
+    prestarted: pool.Prestarted  # worker processes started early, for a pool to take
+    visit: Visit | None  # a queue's worker's
 
 
 def _check_ranks(spec: SweepSpec) -> None:
@@ -139,50 +149,54 @@ def _check_ranks(spec: SweepSpec) -> None:
 
 
 def run_sweep(
-    spec: SweepSpec, out_dir: Path, observer: Observer, role: str = "run", visit: Visit | None = None
+    spec: SweepSpec, out_dir: Path, observer: Observer, role: Role = Role.RUN, visit: Visit | None = None
 ) -> dict[str, Any]:
-    """Serve the sweep from ``out_dir`` as ``role``: "run" (until every trial has finished;
-    then summarise and export; returns the summary, also written there), "finish" (the same for a
-    queued sweep whose trials have all ended: its budget as the ledger holds it) or "worker" (until
+    """Serve the sweep from ``out_dir`` as ``role``: RUN (until every trial has finished;
+    then summarise and export; returns the summary, also written there), FINISH (the same for a
+    queued sweep whose trials have all ended: its budget as the ledger holds it) or WORKER (until
     no trial is left to claim, or a queue's ``visit`` says to serve another sweep; returns a small
     report of what it trained)."""
     import torch
 
     # this process's data set (sizing, warm start, inline trials, export) and compiled forwards
     cache = visit.cache if visit is not None else ProcessCache()
-    # the space derived from the priors (search.auto) and, by `sweeper run` with a device-time budget,
-    # sized to it (a worker never sizes: with --study it reads the sized spec the sweep stored), then
-    # search.sampler/pruner: auto chosen from it (before the task's resolution, which marks every
-    # field set); the objective as the task reports it; what it cannot train refused
-    derived = derive(spec).spec
-    sized = _sized(spec, derived, out_dir, cache) if role == "run" and sized_space.wanted(spec) else None
-    for change in sized.changes if sized is not None else []:
-        print(f"note: {change}", file=sys.stderr)
-    spec = resolve(strategy.resolve(sized.spec if sized is not None else derived).spec)
-    check_plugins(spec)
-    if spec.train.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'")
-    _check_ranks(spec)
     searcher = backend.load(spec.search.backend)
-    searcher.check(spec, out_dir)
     prestarted = pool.Prestarted()
-    if spec.search.backend == "optuna" and spec.search.parallel > 1:
-        prestarted.start(spec.search.parallel)  # the workers start while this process prepares
+
+    def check(resolved: SweepSpec) -> None:  # this machine and this backend, before the dry build
+        if resolved.train.device == "cuda" and not torch.cuda.is_available():
+            raise UserError(
+                "train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'"
+            )
+        _check_ranks(resolved)
+        searcher.check(resolved, out_dir)
+        if resolved.search.backend == "optuna" and resolved.search.parallel > 1:
+            prestarted.start(resolved.search.parallel)  # the workers start while this process builds
+
     try:
-        # data prepared once, each plugin choice built on the CPU: before any file, run or trial
-        # (a queue's worker: on its first visit to the sweep)
-        if visit is None or not visit.checked:
-            for warning in strategy.notes(spec) + dry_build(spec).warnings:  # notes: settings without effect
-                print(f"warning: {warning}", file=sys.stderr)
+        # the one resolve step (plan/resolve.py); sized by `sweeper run` only (a worker joining with
+        # --study reads the sized spec the sweep stored); the data prepared once and each plugin
+        # choice built on the CPU before any file, run or trial (a queue's worker: on its first visit)
+        resolved = resolve_sweep(
+            spec,
+            size=(lambda derived: _sized(derived, out_dir, cache)) if role == Role.RUN else None,
+            check=check,
+            build=visit is None or not visit.checked,
+        )
+        spec = resolved.spec
+        for change in resolved.sized or []:
+            print(f"note: {change}", file=sys.stderr)
+        for warning in resolved.warnings() if resolved.dry is not None else []:  # settings without effect
+            print(f"warning: {warning}", file=sys.stderr)
         if visit is not None:
             visit.checked = True
         out_dir.mkdir(parents=True, exist_ok=True)
-        with folder_lock(out_dir) if role != "worker" else contextlib.nullcontext():
+        with folder_lock(out_dir) if role != Role.WORKER else contextlib.nullcontext():
             kept = visit.store if visit is not None else None
             store = kept if kept is not None else searcher.store(spec, out_dir)
             try:
-                changes = sized.changes if sized is not None else None
-                return _serve(spec, out_dir, observer, role, searcher, store, cache, prestarted, changes, visit)
+                serving = Serving(out_dir, observer, role, searcher, store, cache, prestarted, visit)
+                return _serve(spec, serving, resolved.sized)
             finally:
                 if visit is not None:
                     visit.store = store  # for the next visit
@@ -192,8 +206,8 @@ def run_sweep(
         prestarted.discard()  # none when the pool took them
 
 
-def _sized(loaded: SweepSpec, derived: SweepSpec, out_dir: Path, cache: ProcessCache) -> Sized:
-    """The derived space sized to the budget (trial/sized_space.py), once per output folder: a
+def _sized(derived: SweepSpec, out_dir: Path, cache: ProcessCache) -> Sized:
+    """The derived space sized to the budget (plan/sized_space.py), once per output folder: a
     resume reads the sizing back from SIZED_FILE (timing differs between runs, the trial table
     must not), unless what a trial's cost depends on, or the budget, changed."""
     key = json.loads(derived.model_dump_json(include={"dataset", "data", "model", "optimizer", "train", "seed"}))
@@ -219,12 +233,12 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
     parent = start_sweep_run(tracker, spec, None)
     if not spec.search.lr_finder.enabled:
         return Prepared(tracking_uri=redact(tracker.uri), parent_run_id=parent, enqueue=_base(spec), fresh=True)
-    from sweeper.search import warm_start
+    from sweeper.search import lr_range_tests
 
-    warm = warm_start.prepare(spec, out_dir, cache)
-    warm_start.log(tracker, parent, warm, out_dir)
+    warm = lr_range_tests.prepare(spec, out_dir, cache)
+    lr_range_tests.log(tracker, parent, warm, out_dir)
     observer.note(warm.note)
-    lr = warm_start.lr_param(warm.spec)
+    lr = lr_range_tests.lr_param(warm.spec)
     return Prepared(
         tracking_uri=redact(tracker.uri),
         parent_run_id=parent,
@@ -241,77 +255,95 @@ def _base(spec: SweepSpec) -> list[dict[str, Any]]:
     return [base_point(spec)] if spec.search.base_first and spec.search.space else []
 
 
-def _serve(
-    spec: SweepSpec,
-    out_dir: Path,
-    observer: Observer,
-    role: str,
-    searcher: backend.Backend,
-    store: SweepStore,
-    cache: ProcessCache,
-    prestarted: pool.Prestarted,
-    sized: list[str] | None = None,
-    visit: Visit | None = None,
-) -> dict[str, Any]:
-    """Serve the resolved sweep; ``sized``: the changes sizing made to a derived space (None: not
-    sized), for summary.json; ``visit``: a queue's worker's (run_sweep)."""
-    if role != "worker":
+def _serve(spec: SweepSpec, serving: Serving, sized: list[str] | None) -> dict[str, Any]:
+    """Serve the resolved sweep: prepare it (once, whichever process comes first), search, then
+    (not a worker) summarise and export. ``sized``: the changes sizing made to a derived space
+    (None: not sized), for summary.json."""
+    out_dir, role = serving.out_dir, serving.role
+    if role != Role.WORKER:
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     tracker = tracker_for(spec, out_dir)
     _send_journals(tracker, out_dir, "start")
-    observer.started(spec, out_dir)
-    prepared = store.prepare(spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, observer, cache))
-    parent = prepared.parent_run_id
-    if not prepared.fresh and role != "worker":
-        tracker.resume_run(parent)
-    spec = prepared.apply(spec)  # the LR finder may have narrowed the space
-    interim = InterimReview(observer, spec, tracker, parent) if role == "run" and parent else None
-    ctx = SearchContext(
-        out_dir,
-        tracker,
-        SweepInfo(parent, spec.seed, str(out_dir.resolve()), git_revision()),
-        interim or observer,
-        store,
-        role,
-        enqueue=prepared.enqueue,
-        cache=cache,
-        prestarted=prestarted,
-        elsewhere=visit.elsewhere if visit is not None else None,
-        preempt=visit.preempt if visit is not None else None,
+    serving.observer.started(spec, out_dir)
+    prepared = serving.store.prepare(
+        spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, serving.observer, serving.cache)
     )
+    if not prepared.fresh and role != Role.WORKER:
+        tracker.resume_run(prepared.parent_run_id)
+    spec = prepared.apply(spec)  # the LR finder may have narrowed the space
     started = time.perf_counter()
-    try:
-        result = searcher.run(spec, ctx)
-    except BaseException as exc:  # the sweep's run says it stopped; a re-run resumes it
-        if role != "worker":
-            with contextlib.suppress(Exception):  # the original error is what the user must see
-                tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-        raise
-    if interim is not None and (failure := interim.close()) is not None:  # before the final report replaces it
-        print(f"warning: the sweep's interim report could not be drawn: {failure}", file=sys.stderr)
-    if role == "worker":
+    result = _search(spec, serving, tracker, prepared)
+    if role == Role.WORKER:
         _send_journals(tracker, out_dir, "end")
         return {
             "name": spec.name,
-            "role": "worker",
+            "role": Role.WORKER,
             "storage": result.storage,
             "counts": checkpoints.standing(spec, result.records)["counts"],
             "best": None,
             "trials": [],
         }
-    _send_journals(tracker, out_dir, "search")  # runs created offline get their MLflow ids for the summary
-    parent = tracker.real_id(parent)
-    checkpoints.prune(spec, result.records, out_dir)
-    summary = summarize(spec, result, out_dir, tracker, parent)
+    summary = _finish(spec, result, serving, tracker, prepared)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
     if sized is not None:
         summary["auto_space_sized"] = sized
+    return _export_and_record(spec, summary, result, serving, tracker)
+
+
+def _search(spec: SweepSpec, serving: Serving, tracker: Tracker, prepared: Prepared) -> SearchResult:
+    """The search itself (any backend), its interim report redrawn meanwhile (`sweeper run`); on
+    any error the sweep's MLflow run says it stopped, and a re-run resumes it."""
+    parent, role, visit = prepared.parent_run_id, serving.role, serving.visit
+    interim = InterimReview(serving.observer, spec, tracker, parent) if role == Role.RUN and parent else None
+    ctx = SearchContext(
+        serving.out_dir,
+        tracker,
+        SweepInfo(parent, spec.seed, str(serving.out_dir.resolve()), git_revision()),
+        interim or serving.observer,
+        serving.store,
+        role,
+        enqueue=prepared.enqueue,
+        cache=serving.cache,
+        prestarted=serving.prestarted,
+        elsewhere=visit.elsewhere if visit is not None else None,
+        preempt=visit.preempt if visit is not None else None,
+    )
+    try:
+        result = serving.searcher.run(spec, ctx)
+    except BaseException as exc:
+        if role != Role.WORKER:
+            with contextlib.suppress(Exception):  # the original error is what the user must see
+                tracker.end_run(parent, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    if interim is not None and (failure := interim.close()) is not None:  # before the final report replaces it
+        print(f"warning: the sweep's interim report could not be drawn: {failure}", file=sys.stderr)
+    return result
+
+
+def _finish(
+    spec: SweepSpec, result: SearchResult, serving: Serving, tracker: Tracker, prepared: Prepared
+) -> dict[str, Any]:
+    """The searched sweep's summary: its records, the checkpoints it keeps, what preparing it found."""
+    _send_journals(tracker, serving.out_dir, "search")  # runs created offline get their MLflow ids for the summary
+    parent = tracker.real_id(prepared.parent_run_id)
+    checkpoints.prune(spec, result.records, serving.out_dir)
+    summary = summarize(spec, result, serving.out_dir, tracker, parent)
     if prepared.lr_finder is not None:
         summary["lr_finder"] = prepared.lr_finder
     if prepared.warm_start is not None:
         summary["warm_start"] = prepared.warm_start
+    return summary
+
+
+def _export_and_record(
+    spec: SweepSpec, summary: dict[str, Any], result: SearchResult, serving: Serving, tracker: Tracker
+) -> dict[str, Any]:
+    """The chosen trial scored on the test split and exported, the report drawn, summary.json
+    written and the sweep's MLflow run ended with its files."""
+    out_dir = serving.out_dir
+    parent = summary["mlflow"]["parent_run_id"]  # its real MLflow id (_finish)
     files = [out_dir / "spec.yaml"]
-    chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, cache.data)
+    chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, serving.cache.data)
     chosen, test = _score_chosen(spec, summary, out_dir, chosen)  # before the report draws the summary
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     if summary["best"] is not None and spec.export.formats:

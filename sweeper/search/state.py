@@ -11,6 +11,7 @@ Exactly one process prepares a sweep; the others wait for it and read what it fo
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,14 @@ from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 
 STATE_FILE = "sweep.json"  # in --out (FileStore)
+
+
+class Role(StrEnum):
+    """What a process serving a sweep does (search/runner.py run_sweep)."""
+
+    RUN = "run"  # `sweeper run`: sizes and prepares the sweep, serves it until every trial has ended, summarises
+    WORKER = "worker"  # `sweeper worker` (or a queue's): trains trials until none waits; no summary
+    FINISH = "finish"  # a queue's finisher: `run`'s end for a sweep whose trials have all ended
 
 
 class Prepared(BaseModel):
@@ -40,7 +49,7 @@ class Prepared(BaseModel):
         """The spec with the warm start's narrowed LR range."""
         if self.lr_range is None:
             return spec
-        from sweeper.search.warm_start import narrow  # imports torch: only when there is a range
+        from sweeper.search.lr_range_tests import narrow  # imports torch: only when there is a range
 
         return narrow(spec, *self.lr_range)
 
@@ -53,7 +62,7 @@ Prepare = Callable[[], Prepared]
 
 
 class SweepStore(Protocol):
-    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+    def prepare(self, spec: SweepSpec, role: Role, tracking_uri: str | None, make: Prepare) -> Prepared:
         """The sweep's Prepared: stored, or made by ``make`` (then stored) when this process is the
         one to prepare it. A stored one tracked elsewhere (another tracking URI) is made anew."""
 
@@ -76,7 +85,7 @@ class FileStore:
                 f"{self.path}: not the sweep state sweeper writes; remove it to start the sweep's MLflow record afresh"
             ) from None
 
-    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+    def prepare(self, spec: SweepSpec, role: Role, tracking_uri: str | None, make: Prepare) -> Prepared:
         previous = self.read()
         if previous is not None and previous.tracking_uri == tracking_uri:
             return previous

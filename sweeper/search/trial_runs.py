@@ -14,11 +14,11 @@ from typing import Any
 from sweeper.pluginhost.binding import provenance
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.states import TrialState
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TRIAL_JSON, TRIAL_JSON_VERSION, TrialJson
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.seeding import derive
-from sweeper.trial.states import TrialState
 
 # MLflow run status for a trial's final state; the others (complete, pruned, exploited) FINISHED
 STATUS: dict[str, str] = {TrialState.FAILED: "FAILED", TrialState.INTERRUPTED: "KILLED"}

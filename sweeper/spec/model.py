@@ -54,7 +54,9 @@ class TrainSpec(Strict):
     )
     # Processes per trial, one per device, under DistributedDataParallel (NCCL on CUDA, gloo on
     # the CPU): batch_size is the global batch, split evenly across them (trial/ddp.py)
-    devices: int = Field(default=1, ge=1, le=MAX_DEVICES, description="devices (DDP ranks) per trial")
+    devices: int = Field(
+        default=1, ge=1, le=MAX_DEVICES, description="devices (DDP ranks) per trial; above 1 experimental (docs/api.md)"
+    )
     # BatchNorm layers as SyncBatchNorm: batch statistics over the global batch (CUDA ranks only)
     sync_batchnorm: bool = False
 
@@ -107,7 +109,8 @@ class TrackingSpec(Strict):
     mlflow_uri: str | None = None
     experiment: str | None = None  # default: the sweep's name
     # trials ended (in one `sweeper run`) between redraws of report.html and the plots on the
-    # sweep's run while it runs (about 4 s of one core each, on a thread); 0: only at its end
+    # sweep's run while it runs (each redraw keeps one core busy a while, on a thread:
+    # docs/reviewing.md#reporthtml); 0: only at its end
     review_every: int = Field(default=50, ge=0, le=MAX_TRIALS)
 
     @field_validator("mlflow_uri")
@@ -123,8 +126,9 @@ EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 
 
 class ExportSpec(Strict):
-    # TorchScript (deprecated upstream, still asked for), torch.export (.pt2), ONNX: all by default
-    formats: list[ExportFormat] = ["torchscript", "pt2", "onnx"]
+    # torch.export (.pt2) and ONNX by default; TorchScript when asked for (deprecated upstream:
+    # torch 2.14 warns on torch.jit.load; docs/export.md)
+    formats: list[ExportFormat] = ["pt2", "onnx"]
     # max |eager - exported| over the outputs, at batch sizes 1 and 33 of validation rows; fp32
     atol: float = Field(default=1e-4, gt=0)
     # dynamic int8 quantization of the ONNX file's Linear layers (model.int8.onnx, CPU serving);

@@ -22,7 +22,7 @@ class PrunerSpec(Strict):
     the weights, optimizer state and epoch of a top-quantile trial and go on with its
     hyperparameters mutated (resampled from the search range, or scaled by 0.8/1.2)."""
 
-    # auto: chosen from the epochs, the budget and the sampler (spec/strategy.py)
+    # auto: chosen from the epochs, the budget and the sampler (plan/strategy.py)
     type: Literal["auto", "none", "median", "asha", "hyperband", "pbt"] = "none"
     min_epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS, description="no trial is stopped before this epoch")
     # asha/hyperband: keep 1/reduction_factor per rung; more than 100 keeps nobody past the first rung
@@ -50,7 +50,7 @@ class PrunerSpec(Strict):
 
 
 class LRFinderSpec(Strict):
-    """LR range test before the search, to warm-start it (see sweeper/search/warm_start.py)."""
+    """LR range test before the search, to warm-start it (see sweeper/search/lr_range_tests.py)."""
 
     enabled: bool = False
     steps: int = Field(default=100, ge=10, le=100_000, description="optimizer steps of each range test (its cost)")
@@ -89,7 +89,8 @@ class RaySpec(Strict):
     max_concurrent_trials: int | None = Field(
         default=None, ge=1, le=MAX_TRIALS, description="default: as many as resources fit"
     )
-    # Reusing actors between trials: ~60 ms per trial start instead of ~1.9 s (Ray 2.60).
+    # Reusing actors between trials: a trial started in an earlier trial's actor starts far sooner
+    # than in a new one (docs/ray.md#measured).
     reuse_actors: bool = True
     max_failures: int = Field(default=0, ge=0, le=1000, description="restarts of a trial whose worker or node died")
     # Local Ray only (ignored when joining a cluster): CPU cores it may use (default: all) and
@@ -136,7 +137,7 @@ class AutoSpaceSpec(Strict):
 
 class SearchSpec(Strict):
     backend: Literal["optuna", "ray"] = "optuna"
-    # auto: chosen from the space, the budget and the device (spec/strategy.py), said by `validate`
+    # auto: chosen from the space, the budget and the device (plan/strategy.py), said by `validate`
     sampler: Literal["auto", "tpe", "random", "grid", "cmaes", "gp", "nsga2"] = "tpe"
     population: int | None = Field(
         default=None,
@@ -162,10 +163,12 @@ class SearchSpec(Strict):
     batch_size: int = Field(default=4, ge=1, le=MAX_FUSED, description="trials proposed together (reproducible mode)")
     # Fused trials (trial/fused.py): the trials of a proposed batch that share an architecture train
     # as one model in one process. N: up to N per fused model; off: never; auto: on CUDA only, the
-    # batch split evenly over the workers (on a 2-core CPU the demo as shipped, fused 2 by 2, ran 8%
-    # faster end to end, within the run-to-run spread; on a GPU one small trial leaves it mostly idle).
+    # batch split evenly over the workers (on a CPU, groups that small ran no faster than solo beyond
+    # the run-to-run spread; on a GPU one small trial leaves it mostly idle). When fusing pays, and
+    # the thresholds the auto strategy uses: plan/strategy.py FUSE_PAYS_FROM, docs/strategy.md#when-fusing-pays.
     fuse: Literal["off", "auto"] | int = Field(
-        default="auto", description="trials fused into one model: off, auto (on CUDA) or a number"
+        default="auto",
+        description="trials fused into one model: off, auto (on CUDA) or a number; experimental (docs/api.md)",
     )
     storage: str | None = Field(
         default=None,

@@ -1,7 +1,5 @@
 """Side effects a person reads: the MLflow adapter, the typed records a sweep writes and
 shows (trial record, progress event, trial.json), and the live progress display.
 
-- mlflow.py    Tracker: a generic MLflow adapter (runs, params, tags, metrics, artifacts); resolve_uri
-- records.py   TrialRecord, TrialEvent, TrialJson (schema-versioned; validated where read)
-- progress.py  the rich live display and the final lines of a sweep
+Its modules, one line each: docs/architecture.md (Layout), which a test checks against the tree.
 """

@@ -1,6 +1,6 @@
 """A new sqlite MLflow database begins as a copy of an empty one that this MLflow version made
 before, cached under ~/.cache/sweeper: MLflow's own set-up of a new database (every schema
-migration since MLflow 1.x) took 1.8 s on this project's 2-core machine, the copy milliseconds.
+migration since MLflow 1.x) costs far more than the copy (docs/speed.md#start-up).
 MLflow still verifies the schema when it opens the copy, and adds its Default experiment there
 (the cached database has none: that experiment's artifact location depends on where it is made).
 

@@ -226,9 +226,10 @@ class Tracker:
     ) -> str | None:
         """A new run in the experiment (nested under ``parent`` if given); returns its id (a
         placeholder while the server is away, None if MLflow rejected it). With ``run_id`` (from
-        new_run_id) the sender thread creates it: MLflow's create_run took 5 ms of a
-        coordinator's ~25 ms a trial here. Until then the run is known by that placeholder (its
-        tag JOURNAL_TAG: any process finds it); ``created`` gives the MLflow id once made."""
+        new_run_id) the sender thread creates it, so MLflow's create_run does not hold the
+        coordinator (its share of a trial: docs/speed.md#orchestration-timed-directly). Until then
+        the run is known by that placeholder (its tag JOURNAL_TAG: any process finds it);
+        ``created`` gives the MLflow id once made."""
         if not self.enabled:
             return None
         entry = {"op": "create_run", "name": name, "parent": parent, "time": _now_ms()}

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from sweeper.spec import Objective, SweepSpec
 from sweeper.spec.objectives import pareto_front
+from sweeper.states import TrialState
 from sweeper.track.records import TrialEvent, TrialRecord
-from sweeper.trial.states import TrialState
 
 SHOWN_ROWS = 12  # finished trials kept on screen while running; the final table has all
 STYLE = {TrialState.COMPLETE: "green", TrialState.PRUNED: "yellow", TrialState.FAILED: "red"}

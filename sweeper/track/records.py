@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
+from sweeper.states import FailureKind, TrialState
 from sweeper.track.mlflow import Tracker
-from sweeper.trial.states import FailureKind, TrialState
 
 TRIAL_JSON = "trial.json"
 TRIAL_JSON_VERSION: Final = 1  # bump on an incompatible change of TrialJson's fields

@@ -1,8 +1,8 @@
 """A sweep's MLflow writes sent off the caller's thread: one sender thread takes them in the
 order they were made and hands each to the outbox (outbox.py: retries, then the journal while
-the server is away), so a coordinator goes on proposing, claiming and telling trials meanwhile.
-On this 2-core machine the writes of a trial's run (its params and tags, trial.json, its end)
-were about 60% of the orchestration around a trial.
+the server is away), so a coordinator goes on proposing, claiming and telling trials meanwhile:
+the writes of a trial's run (its params and tags, trial.json, its end) were most of the
+orchestration around a trial (docs/speed.md#overhead-against-a-hand-written-loop).
 
 Only what needs no answer is queued: params, tags, metrics, a run's end or resumption, text
 artifacts (kept in memory until sent: their source is gone by then) and the creation of a run
@@ -29,8 +29,9 @@ from typing import Any
 from sweeper.track.outbox import Outbox
 
 # How long the sender gathers writes before it sends them (s): a run's log_batch writes queued
-# meanwhile (its params and tags, each epoch's metrics, its final tags) go as one call. Each call
-# costs MLflow's sqlite store 5-12 ms here (a fast trial made 3 + epochs of them).
+# meanwhile (its params and tags, each epoch's metrics, its final tags) go as one call: each call
+# costs MLflow's store milliseconds, and a trial made one per epoch and a few more
+# (docs/speed.md#orchestration-timed-directly).
 LINGER_S = 0.5
 # MLflow's caps on one log_batch: entities in all, params, tags
 MAX_ENTITIES, MAX_PARAMS, MAX_TAGS = 1000, 100, 100

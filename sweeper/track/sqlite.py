@@ -2,12 +2,13 @@
 in write-ahead-log mode with ``synchronous=NORMAL``.
 
 In sqlite's default mode (a rollback journal, synchronous FULL) every commit syncs the journal
-and the database to disk: 1.0 ms a commit on this project's 2-core machine. In WAL mode with
-synchronous NORMAL a commit syncs nothing (the log is synced at checkpoints): 0.03 ms. A sweep
-commits about ten times a trial. A process that crashes loses nothing; a power cut may lose the
-last commits, never the database's consistency (https://sqlite.org/wal.html). WAL mode is kept
-in the database file; its readers and writers must be on one machine (shared memory), as they
-had to be already: many machines share a study through PostgreSQL (docs/many-machines.md).
+and the database to disk; in WAL mode with synchronous NORMAL a commit syncs nothing (the log is
+synced at checkpoints), and a sweep commits several times a trial (what each mode costs:
+docs/speed.md#orchestration-timed-directly). A process that crashes loses nothing; a power cut
+may lose the last commits, never the database's consistency (https://sqlite.org/wal.html). WAL
+mode is kept in the database file; its readers and writers must be on one machine (shared
+memory), as they had to be already: many machines share a study through PostgreSQL
+(docs/many-machines.md).
 
 A database copied with its files (``*-wal``) or by sqlite's backup API is whole; a copy of the
 main file alone, while a process has it open, may miss the last commits.

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from sweeper.errors import TrialFailed, TrialPreempted, TrialPruned
+from sweeper.states import FailureKind, TrialState
 from sweeper.trial import checkpoint, footprint, fused, launch
 from sweeper.trial.build import ProcessCache, TrialConfig, run_trial
 from sweeper.trial.ddp import Ranks
 from sweeper.trial.outcome import Decide, Outcome, devices_used
 from sweeper.trial.seeding import configure_torch
-from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import TimeLimit, TrialTimedOut, timed_out_reason
 from sweeper.trial.trainer import resolve_device
 

@@ -6,8 +6,8 @@ and schedule), then its parameters and buffers become views into stacked tensors
 the layered layout, one grouped kernel per layer, where the model allows; else ``vmap`` over
 ``grad`` of a ``functional_call``), then steps every member's optimizer and schedule (one stacked
 update where their optimizers allow, fused_optim.py): the update math is torch's own, per member,
-so a member follows its solo run up to float rounding (tests/test_fused.py states the measured
-difference).
+so a member follows its solo run up to float rounding (tests/test_fused.py checks it; the
+figures: docs/fused-trials.md#correctness).
 
 What stays each member's own: initialisation (its seed), batch order and augmentation draws (its
 generators), learning rate, weight decay, momentum/betas and any other optimizer setting, LR
@@ -37,12 +37,12 @@ from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.plugin import FUSABLE_ATTR, DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.tasks import SMOOTHING, make_task, task_args
+from sweeper.states import TrialState
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
-from sweeper.trial.states import TrialState
 from sweeper.trial.time_limit import TrialTimedOut
 from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
 

@@ -5,8 +5,8 @@ Layered (HFTA, Wang et al., MLSys 2021): the members' activations travel as one 
 members x its own groups), a BatchNorm normalises members x channels channels (each member's
 statistics its own), a Linear is one batched matmul, and the layers that act per channel or per
 element (activations, pooling, dropout, flatten from dim 1) run unchanged. One large kernel per
-layer instead of vmap's per-layer moves of the member dimension: on this 2-core CPU 64 digits CNN
-trials train in 1.6x less time than with vmap (benchmarks/fused.py).
+layer instead of vmap's per-layer moves of the member dimension: faster than vmap at every group
+size benchmarks/fused.py times (docs/fused-trials.md#speed).
 
 It is used when every leaf module of the model has such a form, and only after its predictions on
 the first validation batch equal vmap's (a model whose own forward mixes channels, say ``x.mean(1)``,
@@ -29,8 +29,8 @@ from torch.nn import functional as F
 
 Tensors = dict[str, torch.Tensor]
 # On a CPU, the layered model's evaluation goes in pieces of at most this many samples x members:
-# one 359-sample digits batch of 64 members is 2.5x slower a sample than 64-sample pieces (its
-# activations, 94 MB, leave the caches)
+# a whole evaluation batch of many members is slower a sample, its activations out of the caches
+# (docs/fused-trials.md#speed)
 CPU_EVAL_ROWS = 4096
 # the layers that act per element or per channel, with no parameters: the same module serves the layout
 AS_IS = (
@@ -158,7 +158,8 @@ def layered(template: nn.Module) -> nn.Module | None:
 
 def layout(x: torch.Tensor) -> torch.Tensor:
     """(members, batch, channels, ...) -> (batch, members x channels, ...), channels-last on a CPU
-    for images (oneDNN's grouped convolutions: 1.3-4x faster, measured on digits' shapes)."""
+    for images (oneDNN's grouped convolutions run faster in that layout on digits' shapes:
+    docs/fused-trials.md#speed)."""
     out = x.transpose(0, 1).flatten(1, 2)
     if out.dim() == 4 and out.device.type == "cpu":
         return out.contiguous(memory_format=torch.channels_last)

@@ -1,8 +1,8 @@
 """One optimizer step for every member of a fused group at once (trial/fused.py): torch's SGD,
 Adam and AdamW updates written over the stacked (members, ...) tensors, each member's
 hyperparameters a (members, 1, ...) tensor. N members cost one update per parameter name instead
-of N optimizer steps (on a 2-core CPU at N = 32, per-member Adam steps were 30% of the fused
-model's time).
+of N optimizer steps, which were a large share of a fused model's time
+(docs/fused-trials.md#speed).
 
 Each member keeps its own torch optimizer: its schedule sets its param group's learning rate (and
 momentum or betas) as in a solo run, and this step reads them there before every update; at the

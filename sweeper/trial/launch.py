@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from sweeper.errors import TrialPreempted
+from sweeper.states import FailureKind, TrialState
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.outcome import Decide, Outcome, devices_used
-from sweeper.trial.states import FailureKind, TrialState
 from sweeper.trial.time_limit import timed_out_reason
 
 # past train.max_trial_seconds the ranks stop themselves (trial/time_limit.py); a rank stuck in a

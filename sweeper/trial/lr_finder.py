@@ -2,13 +2,13 @@
 steps, smooth the loss, stop when it diverges, suggest the LR of steepest descent, capped at a
 tenth of the LR where the loss was lowest.
 
-Why the cap (measured on digits, AdamW + one-cycle, 3 seeds x 3 widths; see docs/lr-finder.md): the test
-also trains, so the loss keeps falling until just before divergence and the steepest point often
-sits next to the minimum (0.05-0.25), at the edge of what trains; good LRs there span
-0.004-0.13, and "minimum / 10" landed inside that span every time (0.005-0.05).
+Why the cap: the test also trains, so the loss keeps falling until just before divergence and
+the steepest point often sits next to the minimum, at the edge of what trains, while "minimum /
+10" landed inside the span of good LRs in every curve measured.
 Why the smoothing follows the step count: with 100 steps over 6 decades, an average over the
-last ~50 steps (0.98, the usual value for long tests) lags the raw loss by 1-2 decades and moves
-every suggestion up by as much.
+last ~50 steps (0.98, the usual value for long tests) lags the raw loss and moves every
+suggestion up by that lag.
+The figures for both: docs/lr-finder.md#how-the-method-was-fixed.
 
 The model, optimizer and every RNG are restored afterwards: the trial that follows is the
 same as if the test never ran.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.trial.states import FailureKind, TrialState
+from sweeper.states import FailureKind, TrialState
 
 __all__ = ["Decide", "Outcome", "devices_used"]
 

@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from sweeper.errors import TrialPreempted
+from sweeper.states import TrialState
 from sweeper.trial.ddp import Ranks
 from sweeper.trial.execute import execute, reason_of
 from sweeper.trial.launch import RankJob
 from sweeper.trial.outcome import Decide, Outcome
-from sweeper.trial.states import TrialState
 from sweeper.trial.trainer import resolve_device
 
 # a collective that waits this long for a peer fails (a peer that died is noticed by the launcher

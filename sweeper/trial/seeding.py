@@ -69,7 +69,7 @@ def threads_per_trial(spec: SweepSpec) -> int:
 def configure_torch(*, threads: int, deterministic: bool) -> None:
     """Per-trial torch settings that change numerics: thread count and kernel choice."""
     torch.set_num_threads(threads)
-    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the first call costs ~2 s
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # the first call is slow: docs/reproducibility.md
         torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = not deterministic  # benchmark picks kernels by timing
     torch.backends.cudnn.deterministic = deterministic

@@ -18,7 +18,8 @@ from sweeper.pluginhost.binding import accepted_args
 
 # Compiled forwards kept per process (each holds its generated kernels): the oldest goes first.
 COMPILED_KEEP = 8
-# torch.compile's backend (the tests use a cheaper one: inductor takes ~50 s for a small CNN on 2 cores)
+# torch.compile's backend (the tests use a cheaper one: inductor's first compilation of even a small
+# CNN costs far more than a test may take; the figures: docs/gpu.md)
 COMPILE_BACKEND = "inductor"
 # Graphs torch.compile keeps for the one forward function of this module (torch's default is 8):
 # per architecture kept, a training and an evaluation graph per batch size (and the last eval batch).

@@ -1,7 +1,7 @@
 """A schedule plugin for tests that kill a sweep at a known point, with no timing involved: a
 constant learning rate that, in the ``build``-th schedule built under ``folder`` (counted across
 processes: the build-<n> files), stops at the first optimizer step of epoch ``epoch`` (epochs
-1..epoch-1 are reported by then), writes ``folder/blocked`` (its pid) and waits until
+1..epoch-1 are reported by then), writes ``folder/blocked`` (its pid, atomically) and waits until
 ``folder/release`` exists. It blocks once per folder: a trial retried from its checkpoint, or a
 re-run, goes through; so does sweeper's dry build before the first trial, which is not counted.
 ``fail``: raise there instead of waiting (one process of several fails: a DDP rank).
@@ -52,10 +52,13 @@ class Gate(LambdaLR):
     def _wait(self) -> None:
         blocked, release = Path(self.folder) / "blocked", Path(self.folder) / "release"
         try:
-            os.close(os.open(blocked, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(blocked.with_suffix(".claimed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return  # blocked once already
-        blocked.write_text(str(os.getpid()))
+        # written whole, then renamed: a test that sees `blocked` reads the pid, never an empty file
+        written = blocked.with_suffix(".writing")
+        written.write_text(str(os.getpid()))
+        written.replace(blocked)
         if self.fail:
             raise RuntimeError(f"the gate fails here on purpose (pid {os.getpid()}, rank {os.environ.get('RANK')})")
         while not release.exists():

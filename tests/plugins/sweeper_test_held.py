@@ -1,6 +1,6 @@
 """A data set for tests of a queue's finishing process (tests/test_queue.py): the smoke data set
 (``synthetic``), which, built by the process that summarises and exports a queued sweep
-(``python -m sweeper.search.queue.finish``), writes ``folder/blocked`` (its pid) and waits until
+(``python -m sweeper.queue.finish``), writes ``folder/blocked`` (its pid, atomically) and waits until
 ``folder/release`` exists. Built anywhere else (submission, a worker's trials) it goes through.
 Installed as an entry point by the test that needs it."""
 
@@ -17,9 +17,12 @@ WAIT_POLL_S = 0.05
 
 
 def held(*, folder: str, num_train: int = 256, num_val: int = 64, input_shape: tuple[int, ...] = (1, 4, 4)):
-    if Path(sys.argv[0]).as_posix().endswith("sweeper/search/queue/finish.py"):
+    if Path(sys.argv[0]).as_posix().endswith("sweeper/queue/finish.py"):
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / "blocked").write_text(str(os.getpid()))
+        # written whole, then renamed: a test that sees `blocked` reads the pid, never an empty file
+        writing = Path(folder) / "blocked.writing"
+        writing.write_text(str(os.getpid()))
+        writing.replace(Path(folder) / "blocked")
         while not (Path(folder) / "release").exists():
             time.sleep(WAIT_POLL_S)
     return synthetic(num_train=num_train, num_val=num_val, input_shape=input_shape, num_classes=3)

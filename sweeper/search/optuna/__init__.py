@@ -2,29 +2,15 @@
 many machines), served by any number of processes (`sweeper run`, `sweeper worker`), each running
 its trials inline or in a local worker pool.
 
-- rdb.py          the adapter: every use of Optuna's private API (a trial's claim, lease renewal
-                  and end, one transaction each; storage ids; system attrs; stale heartbeats)
-- engine.py       the database engine's settings; creating tables while other processes race
-- study.py        storage, sampler, pruner; the user attrs a trial carries; FrozenTrial -> TrialRecord
-                  (the one map between Optuna's trial states and sweeper's)
-- ledger.py       sweeper's rows beside the study: preparation, budget claims, members, stop,
-                  space versions
-- store.py        joining a sweep: the study and ledger of this process, the spec check (a
-                  changed search space on resume: a new space version)
-- earlier.py      search.warm_start: earlier studies' finished trials, fitted, as observations
-- lease.py        trial leases: heartbeats, stale trials
-- coordinator.py  the loop serving the sweep, composed of:
-  - proposer.py   the budget; claiming waiting trials; proposing a batch (or one trial)
-  - batches.py    the views of earlier batches that sample a batch and prune its trials
-  - live.py       the trials this process trains: start, pruning, epochs, end
-  - recovery.py   lost and out-of-memory trials, a dead lock holder's work; the circuit breaker
-- status.py       `sweeper status`, `sweeper stop`, `sweeper dashboard`
+Its modules, one line each: docs/architecture.md (Layout), which a test checks against the tree.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sweeper.search.state import Role
 
 if TYPE_CHECKING:  # imported on use: the adapter (rdb.py) loads without torch
     from sweeper.search.backend import SearchContext, SearchResult
@@ -50,7 +36,7 @@ class OptunaBackend:
         from sweeper.search.optuna.store import LedgerStore
         from sweeper.search.optuna.study import safe_url
         from sweeper.search.pool import executor
-        from sweeper.trial.states import TrialState
+        from sweeper.states import TrialState
 
         store = ctx.store
         assert isinstance(store, LedgerStore)
@@ -64,7 +50,7 @@ class OptunaBackend:
                 "search.artifact_root): a trial trained on another machine cannot be exported here"
             )
         versions = store.space_versions()
-        if versions and ctx.role == "run":  # resumed in a changed space: the sweep's run says which
+        if versions and ctx.role == Role.RUN:  # resumed in a changed space: the sweep's run says which
             ctx.tracker.set_tags(ctx.sweep.parent_run_id, {"space_version": len(versions)})
         pool = executor(spec.search.parallel, coordinator.decide, coordinator.record, ctx.cache, ctx.prestarted)
         try:

@@ -64,7 +64,8 @@ class EarlierBatches:
     def shadow(self, batch: int) -> optuna.Trial:
         """A trial's shadow: a new trial in a view of the batches before ``batch``. The median
         pruner (and none) looks only at complete trials and the trial itself, so the trials of a
-        batch share one view, built once (each build copies every finished trial: 15 ms at 250).
+        batch share one view, built once (each build copies every finished trial; its cost:
+        docs/strategy.md#what-batches-cost-the-sampler).
         ASHA and Hyperband look at running trials too (Hyperband at the trial's number): a view each."""
         if self.spec.search.pruner.type not in ("median", "none"):
             return self.view(batch).ask()

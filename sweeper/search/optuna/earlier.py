@@ -52,9 +52,9 @@ RE_EVALUATED = 3  # the best complete earlier trials run again first: a few, so 
 NEAR_BEST = 0.01
 # A near-best trial runs again before a better one only when it cost at most this share of that
 # one's device seconds: a warm start's time to its first good result is its first re-evaluated
-# trial's time, but recorded seconds carry the machine's noise (one MNIST-1D trial's ranged
-# 5.1-8.1 s on a shared 2-core VM, 0.63x), so a smaller difference is noise, not a cheaper trial,
-# and ordering by it would trade a better value for nothing.
+# trial's time, but recorded seconds carry the machine's noise, which on a shared CPU comes close
+# to this share (the figures: docs/search-spaces.md#sized-to-the-budget), so a smaller difference
+# is noise, not a cheaper trial, and ordering by it would trade a better value for nothing.
 CHEAPER = 0.5
 SPEC_FILE = "spec.yaml"  # in an output folder: the spec the sweep ran with (runner.py writes it)
 

@@ -18,8 +18,8 @@ from optuna.trial import TrialState as OptunaState
 from sweeper.errors import UserError
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.states import TrialState
 from sweeper.track.mlflow import TAG, redact, resolve_uri
-from sweeper.trial.states import TrialState
 
 PREFIX = "mlflow:"
 STATES = {TrialState.COMPLETE.value: OptunaState.COMPLETE, TrialState.PRUNED.value: OptunaState.PRUNED}

@@ -25,13 +25,13 @@ from sweeper.search.optuna.study import ACCUMULATE, BATCH, INFO, OPTUNA_STATES, 
 from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.states import FailureKind, TrialState
 from sweeper.track.records import TrialEvent, objective_values
 from sweeper.trial import fused
 from sweeper.trial.build import TrialConfig
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.execute import Outcome
 from sweeper.trial.seeding import sampler_seed, threads_per_trial
-from sweeper.trial.states import FailureKind, TrialState
 
 
 @dataclass

@@ -21,6 +21,7 @@ from sweeper.search.optuna.batches import EarlierBatches
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.study import ATTEMPT, BATCH, INFO, SLOT, UNFINISHED, seed
+from sweeper.search.state import Role
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
 
@@ -28,7 +29,7 @@ from sweeper.track.mlflow import Tracker
 class Budget:
     """The sweep's budget as the ledger holds it (``sweeper run`` sets it for every process)."""
 
-    def __init__(self, spec: SweepSpec, study: optuna.Study, role: str) -> None:
+    def __init__(self, spec: SweepSpec, study: optuna.Study, role: Role) -> None:
         self.spec, self.study, self.role = spec, study, role
 
     def cap(self, sweep: Sweep) -> int | None:
@@ -55,7 +56,7 @@ class Budget:
             unfinished = [t for t in unfinished if t.state != OptunaState.WAITING]
         elif any(t.state == OptunaState.WAITING for t in unfinished):
             return False
-        return self.role == "worker" or not unfinished
+        return self.role == Role.WORKER or not unfinished
 
 
 class Found(Enum):

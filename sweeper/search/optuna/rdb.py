@@ -5,8 +5,9 @@ Why: Optuna's public calls take one transaction a write, and a live ``optuna.Tri
 attrs since Optuna 5, while a sweep served by many processes needs a trial claimed, renewed and
 finished in one transaction each (the trial's row read FOR UPDATE, its state checked in the same
 transaction, as Optuna's ``set_trial_state_values`` does): a trial is claimed and finished once
-whatever the number of processes. Each of Optuna's calls took 1-6 ms on this project's 2-core
-machine (sqlite), and a trial made about twelve of them, one more per epoch.
+whatever the number of processes. Optuna's own calls (a transaction each, and a trial made one
+more each epoch) were a large part of a trial's orchestration
+(docs/speed.md#orchestration-timed-directly).
 
 What it relies on, each present in Optuna 4.6.0 and 5.1.0, the ends of pyproject.toml's range
 (tests/test_optuna_adapter.py exercises every function against a real sqlite and PostgreSQL

@@ -38,9 +38,9 @@ from sweeper.search.optuna.study import (
 )
 from sweeper.search.trial_runs import close_trial_run
 from sweeper.spec import SweepSpec
+from sweeper.states import TrialState
 from sweeper.track.records import TrialRecord
 from sweeper.trial.build import TrialConfig
-from sweeper.trial.states import TrialState
 
 # How often a process with nothing to train looks at the study again, and the shortest time
 # between two looks for lost trials (s)

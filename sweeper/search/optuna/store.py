@@ -15,7 +15,7 @@ from sweeper.errors import UserError
 from sweeper.search.optuna import study as studies
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep, find
-from sweeper.search.state import Prepare, Prepared
+from sweeper.search.state import Prepare, Prepared, Role
 from sweeper.spec import SweepSpec
 
 WAIT_S = 0.5  # how often a joining process looks whether the sweep is prepared
@@ -104,7 +104,7 @@ class LedgerStore:
         self.heartbeat = Heartbeat(self.study, self.ledger, spec.search.heartbeat_s)
         self.joined = False
 
-    def prepare(self, spec: SweepSpec, role: str, tracking_uri: str | None, make: Prepare) -> Prepared:
+    def prepare(self, spec: SweepSpec, role: Role, tracking_uri: str | None, make: Prepare) -> Prepared:
         mine = spec.model_dump(mode="json")
         if not self.joined:  # a queue's worker visiting again keeps its store, joined (runner.Visit)
             self.ledger.join(role)
@@ -115,7 +115,7 @@ class LedgerStore:
         while True:
             sweep = self._read()
             changed = differences(trial_defining(sweep.spec), trial_defining(mine))
-            if changed and role == "run" and not differences(_spaceless(sweep.spec), _spaceless(mine)):
+            if changed and role == Role.RUN and not differences(_spaceless(sweep.spec), _spaceless(mine)):
                 self._new_space(sweep, mine)  # `sweeper run` resumes the sweep in a changed space
                 changed = []
             if changed:
@@ -126,9 +126,9 @@ class LedgerStore:
                 )
             if sweep.state == "ready":
                 prepared = Prepared.model_validate(sweep.prepared)
-                if role == "run":  # `sweeper run` sets the budget and restarts the timeout for everyone
+                if role == Role.RUN:  # `sweeper run` sets the budget and restarts the timeout for everyone
                     self.ledger.restart(mine, spec.search.n_trials, spec.search.timeout)
-                if prepared.tracking_uri != tracking_uri and role == "run" and self.ledger.take_preparation(None):
+                if prepared.tracking_uri != tracking_uri and role == Role.RUN and self.ledger.take_preparation(None):
                     return self._make(spec, make, prepared.warm_start)
                 return prepared
             if not self.ledger.alive(sweep.preparer) and self.ledger.take_preparation(sweep.preparer):

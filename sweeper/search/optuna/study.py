@@ -12,13 +12,13 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
 from sweeper.errors import UserError
+from sweeper.plan.strategy import last_rung
 from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.spec.strategy import last_rung
+from sweeper.states import TrialState
 from sweeper.track.records import TrialRecord
 from sweeper.trial.seeding import sampler_seed, trial_seed
-from sweeper.trial.states import TrialState
 
 INFO = "sweeper"  # user attr: seed, reason, run id, per-epoch history, provenance
 INTERRUPTED = "sweeper_interrupted"  # system attr of a trial whose process died: why
@@ -128,7 +128,7 @@ def directions(spec: SweepSpec) -> list[Literal["maximize", "minimize"]]:
 
 class _CutsThatSave:
     """A successive-halving pruner that judges no rung past ``last_rung``
-    (sweeper.spec.strategy.rungs: a later cut saves under 1/reduction_factor of a trial). Its rung
+    (sweeper.plan.strategy.rungs: a later cut saves under 1/reduction_factor of a trial). Its rung
     bookkeeping stays Optuna's; mixed in before the Optuna class, so ``isinstance`` still holds."""
 
     last_rung: int

@@ -1,12 +1,7 @@
 """The Ray Tune backend: the same spec and trial code as the Optuna backend, scheduled by Tune
 on a local Ray or a cluster.
 
-- cluster.py     local Ray or a cluster by address; shared storage and tracking checks
-- driver.py      searcher, Tuner (or restore), events, results -> TrialRecords, checkpoints
-- trial.py       the Tune trainable (worker side): execute, report, checkpoint, PBT lineage
-- schedulers.py  search.pruner as a Tune scheduler (ASHA, async Hyperband, median, PBT)
-- space.py       search space -> Tune sample domains (one mapping)
-- submit.py      `sweeper submit`: the sweep as a Ray job
+Its modules, one line each: docs/architecture.md (Layout), which a test checks against the tree.
 """
 
 from __future__ import annotations

@@ -87,8 +87,7 @@ def connect(spec: SweepSpec, addr: str | None) -> None:
         from sweeper.trial.seeding import cpu_cores
 
         # worker_niceness 0: trials are this Ray's work. Ray's default (15) has them yield to anything
-        # else on the machine: under a 2-process load (../shared/tools/busy 2) a trial actor took
-        # 3 minutes to start and the 3-trial breaker test over 600 s, against 56 s on a quiet machine.
+        # else on the machine, which starves them under load (docs/ray.md#measured).
         ray.init(
             address="local",
             num_cpus=spec.search.ray.num_cpus or cpu_cores(),

@@ -29,11 +29,11 @@ from sweeper.search.trial_runs import close_trial_run
 from sweeper.spec import Objective, SweepSpec
 from sweeper.spec import space as sp
 from sweeper.spec.objectives import FOOTPRINT_METRICS
+from sweeper.states import TrialState
 from sweeper.track.mlflow import Tracker
 from sweeper.track.records import TrialEvent, TrialRecord, goal_values
 from sweeper.trial.checkpoint import trial_path
 from sweeper.trial.seeding import derive, sampler_seed, threads_per_trial, trial_seed
-from sweeper.trial.states import TrialState
 
 # Keys the worker adds to each result besides the trainer's metrics (not part of the history).
 OWN_KEYS = (

@@ -24,10 +24,10 @@ from typing import Any
 from sweeper.search.trial_runs import EXPLOITED, SweepInfo, close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.states import TrialState
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.build import ProcessCache, TrialConfig
-from sweeper.trial.states import TrialState
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
 # Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),

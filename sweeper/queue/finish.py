@@ -2,7 +2,7 @@
 
 A queue's worker that ends a sweep (worker.py: it moved the sweep from running to finishing, as
 its finisher) hands the sweep's name to its finishing process (`python -m
-sweeper.search.queue.finish`, begun at its first such sweep, kept for the next) and goes on
+sweeper.queue.finish`, begun at its first such sweep, kept for the next) and goes on
 serving trials: the summary, the report's plots and the export take seconds of CPU (3-7 s per
 smoke sweep with 3 workers on 2 cores, `python benchmarks/sweep_queue.py`), during which the
 worker's device would otherwise idle while runnable trials wait. A process, not a thread: the
@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sweeper.errors import SweepStopped, UserError
-from sweeper.search.queue.table import Entry, Queue
+from sweeper.queue.table import Entry, Queue
+from sweeper.search.state import Role
 from sweeper.spec import SweepSpec
 
 URL_VARIABLE = "SWEEPER_QUEUE_URL"  # the queue's URL reaches the process here, not on its command line
@@ -56,7 +57,7 @@ class Finisher:
     def hand(self, name: str) -> int:
         """Sweep ``name`` (this worker its finisher) to be summarised; the process's pid."""
         if self.process is None:
-            command = [sys.executable, "-m", "sweeper.search.queue.finish", str(self.out_root), str(os.getpid())]
+            command = [sys.executable, "-m", "sweeper.queue.finish", str(self.out_root), str(os.getpid())]
             env = {**os.environ, URL_VARIABLE: self.url}
             self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=env, text=True)
         assert self.process.stdin is not None
@@ -97,7 +98,7 @@ def summarise(queue: Queue, entry: Entry, spec: SweepSpec, out_dir: Path, say: C
     from sweeper.track.progress import QuietObserver
 
     try:
-        summary = runner.run_sweep(spec, out_dir, QuietObserver(), role="finish")
+        summary = runner.run_sweep(spec, out_dir, QuietObserver(), role=Role.FINISH)
     except (UserError, SweepStopped) as exc:
         fail(queue, entry.name, str(exc), say)
         return False
@@ -109,7 +110,7 @@ def summarise(queue: Queue, entry: Entry, spec: SweepSpec, out_dir: Path, say: C
 
 
 def fail(queue: Queue, name: str, why: str, say: Callable[[str], None]) -> None:
-    from sweeper.search.queue.table import OPEN
+    from sweeper.queue.table import OPEN
 
     if queue.move(name, (*OPEN, "finishing"), state="failed", ended_at=time.time(), note=why):
         say(f"sweep '{name}' failed: {why}")

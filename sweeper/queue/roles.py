@@ -14,8 +14,8 @@ import re
 import sqlalchemy as sa
 
 from sweeper.errors import UserError
+from sweeper.queue.table import QUEUE, Queue
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue.table import QUEUE, Queue
 
 ROLE = re.compile(r"^[a-z_][a-z0-9_]*$")  # a plain PostgreSQL identifier: quoted by nothing
 

@@ -28,12 +28,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.search.queue.table import OPEN, Entry, Offer
+from sweeper.queue.table import OPEN, Entry, Offer
 
 # Fair share remembers an owner's ended sweeps (finished, failed, cancelled) with their device
 # time halved every this many seconds since they ended (Slurm's PriorityDecayHalfLife, here a
 # day): forgetting a sweep the moment it finished handed its owner every worker until the other
-# owner's open sweeps had used as much again (benchmarks/sweep_queue.py: 70 % apart)
+# owner's open sweeps had used as much again (benchmarks/sweep_queue.py: docs/queue.md#measured)
 HALF_LIFE_S = 24 * 3600.0
 
 

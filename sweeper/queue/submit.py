@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import UserError
+from sweeper.queue.table import DEVICES, LIVE_S, Entry, Queue
 from sweeper.search.optuna.ledger import Ledger, studies
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue.table import DEVICES, LIVE_S, Entry, Queue
-from sweeper.trial.states import TrialState
+from sweeper.states import TrialState
 
 DONE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAILED)  # trials that count as done
 
@@ -34,12 +34,9 @@ def submit(
     """Check the spec as `sweeper run` would (plugins bound, data prepared, each plugin choice
     built on the CPU; a UserError for what is wrong), then queue it in the database at ``url``,
     which also holds its study. ``device`` None: what train.device asks (cuda, cpu, or any)."""
-    from sweeper.pluginhost import strategy
-    from sweeper.pluginhost.auto_space import derive
-    from sweeper.pluginhost.binding import check_plugins
-    from sweeper.pluginhost.tasks import resolve
+    from sweeper.plan.resolve import resolve_sweep
+    from sweeper.search.optuna import earlier
     from sweeper.spec import load
-    from sweeper.trial.preflight import dry_build
 
     if device is not None and device not in DEVICES:
         raise UserError(f"--device {device}: expected one of {', '.join(DEVICES)}")
@@ -55,13 +52,8 @@ def submit(
             raise UserError(
                 f"{safe_url(url)} holds a sweep named '{spec.name}' already; give this one another name: name=..."
             )
-        sweep = resolve(strategy.resolve(derive(spec).spec).spec)
-        check_plugins(sweep)
-        if sweep.search.warm_start:
-            from sweeper.search.optuna import earlier
-
-            earlier.check(sweep, None)
-        dry_build(sweep)
+        # resolved as its workers will (the earlier sweeps checked): what is wrong stops here
+        resolve_sweep(spec, check=lambda sweep: earlier.check(sweep, None))
         wanted = device or {"cuda": "cuda", "cpu": "cpu"}.get(spec.train.device, "any")
         queue.add(spec.name, owner, priority, spec.model_dump(mode="json"), wanted, min_memory_gb, spec.train.devices)
         return queue.entry(spec.name)

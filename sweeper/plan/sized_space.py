@@ -21,24 +21,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.plan.estimate import estimate
 from sweeper.pluginhost.base_point import base_point
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.trial.build import DataCache
-from sweeper.trial.estimate import estimate
 from sweeper.trial.execute import devices_used
 
 # At least this many full trials should fit in the budget at any one choice: TPE samples its first
-# 10 at random (spec/strategy.py TPE_STARTUP) and needs as many again to model, and Hyperband's
+# 10 at random (plan/strategy.py TPE_STARTUP) and needs as many again to model, and Hyperband's
 # rungs compare 3 trials to keep 1; a pruner makes the average trial cheaper, so this is a floor on
 # the trials, not a target. It was 10 until the peer benchmark showed a table's slow batch sizes
 # leaving --auto a quarter of the peers' trials (the figures: docs/strategy.md#against-the-peers).
 MIN_TRIALS = 30
-# Timing noise: six estimates of one mnist1d trial on this project's shared 2-core CPU ranged
-# 5.1-8.1 s. Each point is timed TIMINGS times and the fastest kept (the usual estimator of a
-# noisy duration), and a choice is dropped only when it costs more than the budget allows AND more
-# than NOISE x the base point (a base point over the limit keeps the choices about as cheap as it:
-# dropping them would not make trials fit, only follow the noise).
+# Timing noise: one trial's estimate varies from run to run on a shared machine (the figures:
+# docs/search-spaces.md#sized-to-the-budget). Each point is timed TIMINGS times and the fastest
+# kept (the usual estimator of a noisy duration), and a choice is dropped only when it costs more
+# than the budget allows AND more than NOISE x the base point (a base point over the limit keeps
+# the choices about as cheap as it: dropping them would not make trials fit, only follow the
+# noise). NOISE allows for the spread the figures show.
 TIMINGS = 2
 NOISE = 1.25
 # The searched paths whose values change what one trial costs: the model (its plugin and its

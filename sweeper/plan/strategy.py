@@ -8,9 +8,10 @@ unwritten (search.batch_size, search.fuse, search.lr_finder, search.base_first) 
 kept. ``notes`` lists what a spec sets that cannot take effect (a fused model larger than a
 batch, a pruner with one epoch to judge, ...), for every spec, ``auto`` or not.
 
-Each rule's measurement or source is given at its constant, and in docs/strategy.md.
-Pure: the facts beyond the spec (the device, what the plugins allow) are found out by
-sweeper/pluginhost/strategy.py, which applies the strategy where the spec is resolved.
+Each rule's reason is given at its constant, which cites the docs section holding its figures
+(docs/strategy.md, mostly).
+Pure: the facts beyond the spec (the device, what the plugins allow) are found out by the
+resolve step (resolve.py), which applies the strategy.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
-from sweeper.spec.model import SweepSpec
 
 # TPE draws its first trials at random until this many have finished (Optuna's TPESampler
 # n_startup_trials default, which sweeper keeps): a sweep that proposes no trial after this many
@@ -36,8 +37,8 @@ MEDIAN_STARTUP = 5
 REDUCTION = 3
 # A rung judges a trial only while a cut there saves at least 1/reduction_factor of its epochs: past
 # epochs x (1 - 1/reduction_factor) a pruned trial had almost all its cost paid and is lost as a
-# candidate: with 10 epochs Optuna's rungs are 1, 3 and 9 (what that cost: docs/strategy.md,
-# "Against the peers"). Hyperband itself (Li et al. 2018), SMAC3 and DEHB place their top rung at
+# candidate: with 10 epochs Optuna's rungs are 1, 3 and 9 (what that cost:
+# docs/strategy.md#against-the-peers). Hyperband itself (Li et al. 2018), SMAC3 and DEHB place their top rung at
 # max / reduction_factor.
 
 
@@ -58,35 +59,32 @@ def last_rung(reduction_factor: int, epochs: int) -> int:
     return math.floor(epochs * (1 - 1 / reduction_factor))
 
 
-# Fusing pays from this many members of one architecture per fused model. CPU: 16, the smallest
-# group measured faster end to end through the CLI (1.3x the solo rate, `python
-# benchmarks/gpu_check.py --cpu fused`, docs/fused-trials.md); smaller groups on this 2-core CPU
-# measured 1.08x (the digits demo fused 2 by 2, within the run-to-run spread) and 1.0x (issue #30:
-# 16 trials of 3 architectures, 45.0 s fused and solo). The engine alone reaches 2.32x at N = 8
-# (benchmarks/fused.py), so a device that one small trial leaves idle pays from 8: CUDA's figure
-# until benchmarks/gpu_check.py has run on a GPU.
+# Fusing pays from this many members of one architecture per fused model. CPU: the smallest group
+# that ran faster than solo end to end through the CLI (`python benchmarks/gpu_check.py --cpu
+# fused`); smaller groups stayed within the run-to-run spread. CUDA: where the fused engine alone
+# (benchmarks/fused.py) already pays well on a CPU, since one small trial leaves a GPU idle; the
+# CPU's figure until benchmarks/gpu_check.py has run on a GPU. The figures:
+# docs/strategy.md#when-fusing-pays.
 FUSE_PAYS_FROM = {"cpu": 16, "cuda": 8}
 # Fusing proposes parallel x members trials per batch, each proposed without the others' results:
-# fuse only when the budget holds at least this many such batches. `python benchmarks/strategy.py`
-# (TPE, 20 seeds, a synthetic sweep-shaped loss): in 4 batches TPE kept 73% (64 trials) and 93%
-# (128 trials) of its mean gain over random sampling, in 2 batches 45% and 46%; batches of 1 and
-# 2 did alike (docs/strategy.md).
+# fuse only when the budget holds at least this many such batches, where TPE keeps most of its
+# gain over random sampling (in 2 batches, about half of it). The figures (`python
+# benchmarks/strategy.py`): docs/strategy.md#what-batches-cost-the-sampler.
 FUSED_BATCHES_AT_LEAST = 4
 # The LR range test narrows optimizer.args.lr to [s/10, s*10] (lr_finder.factor's default): 2
 # decades. A declared range of 2 decades or less is not narrowed, so the test would only cost; it
-# is used from 3 decades, where it cuts at least a third of the range. On digits over 5 decades
-# (1e-5..1) it cut the trials spent on hopeless LRs from 4.38 to 2.63 of 12 (docs/lr-finder.md).
+# is used from 3 decades, where it cuts at least a third of the range. What it bought on digits
+# over 5 decades: docs/lr-finder.md#does-it-pay.
 LR_MIN_DECADES = 3.0
-# A range test costs about half a trial per configuration (sweeper/search/warm_start.py); on
-# digits it measured 1.08x the sweep's seconds for 0.6x the trials spent on hopeless LRs and no
-# earlier 0.99 (docs/lr-finder.md). Turned on only where its cost is under 5% of the budget:
-# trials >= 10 x configurations.
+# A range test costs about half a trial per configuration (sweeper/search/lr_range_tests.py), and on
+# digits it did not pay for its time (docs/lr-finder.md#does-it-pay). Turned on only where its
+# cost is under 5% of the budget: trials >= 10 x configurations.
 LR_TEST_TRIALS = 0.5
 LR_TEST_SHARE = 0.05
 # search.base_first: the sampler's first trials are random (TPE's startup, or random sampling),
 # and a random point of a derived space can be a large, slow model; the base point is the one a
-# user would try first. On mnist1d at 1 device-minute, --auto without it never reached 95 % of the
-# best accuracy (its first trials 20-25 s each; docs/strategy.md).
+# user would try first. Without it, --auto at a small budget spent it on such trials and never
+# reached the target (docs/strategy.md#how-the-strategies-compare-on-real-sweeps).
 BASE_FIRST_REASON = (
     "the first trial is the base point (the spec's values, else the plugins' defaults, else the "
     "ranges' centres): a known reasonable trial before the sampler's random start"
@@ -106,7 +104,7 @@ FUSE_SPLITTING = ("model.", "dataset.") + tuple(
 
 @dataclass(frozen=True)
 class Facts:
-    """What the strategy needs to know beyond the spec (pluginhost/strategy.py finds it out)."""
+    """What the strategy needs to know beyond the spec (resolve.py finds it out)."""
 
     cuda: bool  # trials train on a CUDA device (train.device is not cpu and one is present)
     unfusable: str | None = None  # why the spec's trials cannot train fused (a plugin opts out, ...)
@@ -346,7 +344,7 @@ def _lr_finder(spec: SweepSpec, n: int | None) -> tuple[bool, str]:
 
 def _lr_configs(space: dict[str, sp.Param]) -> int:
     """Range tests the warm start runs: one per distinct (dataset, model, optimizer plugin, batch
-    size), at most 8 (search/warm_start.py CONFIG_PATHS and MAX_CONFIGS; else one)."""
+    size), at most 8 (search/lr_range_tests.py CONFIG_PATHS and MAX_CONFIGS; else one)."""
     count = 1
     for path in ("dataset.plugin", "model.plugin", "optimizer.plugin", "train.batch_size"):
         param = space.get(path)

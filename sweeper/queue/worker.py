@@ -28,6 +28,7 @@ PID 1 ignores SIGTERM, and the platform's SIGKILL follows its grace period.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -35,15 +36,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sweeper.errors import SweepStopped, UserError
+from sweeper.queue import finish
+from sweeper.queue.policy import Pool, ahead_by, choose, preempted_for
+from sweeper.queue.table import LIVE_S, OPEN, Entry, Offer, Queue
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
-from sweeper.search.queue import finish
-from sweeper.search.queue.policy import Pool, ahead_by, choose, preempted_for
-from sweeper.search.queue.table import LIVE_S, OPEN, Entry, Offer, Queue
+from sweeper.search.state import Role
 from sweeper.spec import SweepSpec
 
 HEARTBEAT_S = 5.0  # how often a worker renews its row
@@ -61,6 +64,18 @@ def detect_offer() -> Offer:
     if torch.cuda.is_available():
         return Offer("cuda", torch.cuda.get_device_properties(0).total_memory / 2**30, torch.cuda.device_count())
     return Offer("cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+
+
+@dataclass
+class _Left:
+    """One visit to a sweep, as its claims go: why run_sweep returned early ("other": a sweep
+    comes before it; "wait": nothing to claim there until other workers' trials end; None: it
+    did not), the device-seconds its trials had spent at the last claim, and what the trials
+    since added (the unit a fair-share switch is weighed in; kept while none ended)."""
+
+    why: Literal["other", "wait"] | None = None
+    spent: float = 0.0
+    unit: float = 0.0
 
 
 class QueueWorker:
@@ -179,53 +194,16 @@ class QueueWorker:
         self.queue.move(entry.name, ("queued",), state="running", started_at=time.time())
         self.say(f"serving sweep '{entry.name}' (owner {entry.owner}, priority {entry.priority})")
         self.served += 1
-        # why run_sweep returned early: "other" (a sweep before it) or "wait"
-        left: dict[str, str | None] = {"for": None}
-        # the device-seconds this visit's trials had spent at the last claim here, and what the
-        # trials since added (the unit a fair-share switch is weighed in; kept while none ended)
-        trained = {"spent": 0.0, "unit": 0.0}
-
-        def elsewhere(waiting: bool, spent: float) -> bool:
-            if self.stopping is not None:  # no new claim: the trials held finish (or stop at an epoch's end)
-                left["for"] = "other"
-                return True
-            if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
-                if self._next(also_resting=entry.name) is not None:
-                    left["for"] = "wait"
-                    return True
-                return False
-            if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
-                left["for"] = "other"
-                return True
-            if spent > trained["spent"]:
-                trained["unit"] = spent - trained["spent"]
-                self.queue.set_unit(self.me, trained["unit"])
-            trained["spent"] = spent
-            pool = self._pool()
-            pick = choose(pool, self.offer, self.me, self._resting())
-            if pick is None or pick.name == entry.name:
-                return False
-            # another owner comes first on fair share: left once this owner is ahead by more than half
-            # the trials just trained, where the switch narrows the gap (|ahead - unit| < ahead); so
-            # the owners stay within about one such unit, without a switch after every trial
-            if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner, self.me) > trained["unit"] / 2:
-                left["for"] = "other"
-                return True
-            return False  # another sweep of the same owner and priority: this one goes on (no switch)
-
-        def preempt() -> str | None:
-            if self.stopping is not None:
-                return f"for worker {self.me} stopping ({self.stopping})"
-            wanted = preempted_for(self._pool(), self.me, entry, self._resting())
-            return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
-
+        left = _Left()
+        elsewhere = functools.partial(self._elsewhere, entry, left)
+        preempt = functools.partial(self._preempt, entry)
         visit = self.visits.pop(entry.name, None) or runner.Visit(elsewhere, preempt)
         visit.elsewhere, visit.preempt = elsewhere, preempt
         self.visits[entry.name] = visit  # the most recent last
         for older in list(self.visits.values())[:-KEPT_DATA]:  # their stores and data sets let go
             older.close()
         try:
-            runner.run_sweep(spec, self._out(entry), QuietObserver(), role="worker", visit=visit)
+            runner.run_sweep(spec, self._out(entry), QuietObserver(), role=Role.WORKER, visit=visit)
         except (UserError, SweepStopped) as exc:
             self._fail(entry, str(exc))
             self.visits.pop(entry.name).close()
@@ -237,10 +215,47 @@ class QueueWorker:
             return
         finally:
             self.queue.serve(self.me, None)
-        if left["for"] != "other":  # nothing to claim there now
+        if left.why != "other":  # nothing to claim there now
             self.resting[entry.name] = time.time() + REST_S
-        if left["for"] is None:
+        if left.why is None:
             self._finish(entry, spec)
+
+    def _elsewhere(self, entry: Entry, left: _Left, waiting: bool, spent: float) -> bool:
+        """Asked before each claim in ``entry``'s sweep (SearchContext.elsewhere): leave it for
+        another sweep? ``left`` keeps why, and the device-seconds the visit's trials spent."""
+        if self.stopping is not None:  # no new claim: the trials held finish (or stop at an epoch's end)
+            left.why = "other"
+            return True
+        if waiting:  # nothing to claim here until other workers' trials end: any other sweep now
+            if self._next(also_resting=entry.name) is not None:
+                left.why = "wait"
+                return True
+            return False
+        if self._state(entry.name) not in OPEN:  # cancelled (or failed) meanwhile: no new claim
+            left.why = "other"
+            return True
+        if spent > left.spent:
+            left.unit = spent - left.spent
+            self.queue.set_unit(self.me, left.unit)
+        left.spent = spent
+        pool = self._pool()
+        pick = choose(pool, self.offer, self.me, self._resting())
+        if pick is None or pick.name == entry.name:
+            return False
+        # another owner comes first on fair share: left once this owner is ahead by more than half
+        # the trials just trained, where the switch narrows the gap (|ahead - unit| < ahead); so
+        # the owners stay within about one such unit, without a switch after every trial
+        if pick.priority > entry.priority or ahead_by(pool, entry.owner, pick.owner, self.me) > left.unit / 2:
+            left.why = "other"
+            return True
+        return False  # another sweep of the same owner and priority: this one goes on (no switch)
+
+    def _preempt(self, entry: Entry) -> str | None:
+        """Asked after each epoch of a trial of ``entry``'s sweep: why its device is wanted, or None."""
+        if self.stopping is not None:
+            return f"for worker {self.me} stopping ({self.stopping})"
+        wanted = preempted_for(self._pool(), self.me, entry, self._resting())
+        return None if wanted is None else f"for sweep '{wanted.name}' (priority {wanted.priority})"
 
     def _state(self, name: str) -> str:
         return self.queue.entry(name).state
@@ -311,4 +326,4 @@ def ended(url: str, spec: SweepSpec) -> bool:
     if any(t.state == OptunaState.RUNNING for t in study.get_trials(deepcopy=False)):
         return False
     # the spec as the sweep's first process resolved it (search.sampler: auto chosen, a grid's size)
-    return Budget(validate(sweep.spec, f"sweep '{spec.name}'"), study, "run").over(sweep)
+    return Budget(validate(sweep.spec, f"sweep '{spec.name}'"), study, Role.RUN).over(sweep)

@@ -1,0 +1,140 @@
+"""The one resolve step: a spec as loaded to the sweep every process records and runs.
+
+``resolve_sweep`` is the only way a spec is resolved; `sweeper run` (search/runner.py),
+`sweeper validate` (its view), `sweeper submit --queue` and a queue's workers all call it:
+
+1. derive: ``search.auto``'s space from the plugins' priors (pluginhost/auto_space.py);
+2. size: a derived space with a device-time budget, its too costly choices dropped
+   (sized_space.py; only where the caller sizes: `run` and `validate`, never a worker);
+3. choose: ``search.sampler/pruner: auto`` and the settings they shape (strategy.py), from the
+   facts beyond the spec found out here (this machine's device, whether the plugins fuse);
+4. the task: the objective resolved against it (pluginhost/tasks.py);
+5. bind: every plugin and its arguments (pluginhost/binding.py), then the caller's own checks;
+6. dry build: the data prepared, each plugin choice built on the CPU (preflight.py).
+
+What each step said (where each entry of the space came from, the sizing's changes, the
+strategy's reasons, the settings that cannot take effect) comes back with the spec, so every
+command shows the same notes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from pydantic import ValidationError
+
+from sweeper.errors import UserError
+from sweeper.plan import sized_space, strategy
+from sweeper.plan.preflight import DryBuild, dry_build
+from sweeper.plan.sized_space import Sized
+from sweeper.plan.strategy import Choice, Facts, Strategy
+from sweeper.plugin import FUSABLE_ATTR
+from sweeper.pluginhost import registry
+from sweeper.pluginhost.auto_space import Derived, derive
+from sweeper.pluginhost.binding import check_plugins
+from sweeper.pluginhost.tasks import make_task
+from sweeper.pluginhost.tasks import resolve as resolve_task
+from sweeper.spec import SweepSpec
+from sweeper.spec import space as sp
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A resolved sweep and what resolving it said."""
+
+    spec: SweepSpec  # the sweep every process records and runs
+    space: Derived  # its search space, each entry with where it came from
+    sized: list[str] | None  # the changes sizing made to a derived space; None: not sized
+    choices: tuple[Choice, ...]  # the auto strategy's choices, each with its reason
+    notes: list[str]  # settings that cannot take effect on this machine, each with its fix
+    dry: DryBuild | None  # what the dry build did; None: not built (a worker's later visit)
+
+    def warnings(self) -> list[str]:
+        """The notes and what the dry build warned of: the lines every command prints."""
+        return self.notes + (self.dry.warnings if self.dry is not None else [])
+
+
+def resolve_sweep(
+    loaded: SweepSpec,
+    *,
+    size: Callable[[SweepSpec], Sized] | None = None,
+    check: Callable[[SweepSpec], None] | None = None,
+    build: bool = True,
+) -> Resolved:
+    """``loaded`` (as `spec.load` returns it) resolved. ``size``: how a derived space with a
+    device-time budget is sized (``sized_space.size``, or the runner's, which reads a resumed
+    sweep's sizing back); None: not sized. ``check``: the
+    caller's checks of the resolved spec, run before the dry build (earlier sweeps there,
+    devices, a cluster). ``build``: run the dry build. Raises UserError naming the spec path of
+    what is wrong."""
+    derived = derive(loaded)
+    changes = None
+    if size is not None and sized_space.wanted(loaded):
+        done = size(derived.spec)
+        derived = Derived(done.spec, {path: derived.sources[path] for path in done.spec.search.space})
+        changes = done.changes
+    chosen = choose(derived.spec)
+    spec = resolve_task(chosen.spec)
+    check_plugins(spec)
+    if check is not None:
+        check(spec)
+    dry = dry_build(spec) if build else None
+    return Resolved(spec, derived, changes, chosen.choices, notes(spec), dry)
+
+
+def facts(spec: SweepSpec) -> Facts:
+    """This machine's device and what the plugins allow, for the trials of ``spec``."""
+    return Facts(cuda=_cuda(spec), unfusable=why_unfusable(spec))
+
+
+def choose(spec: SweepSpec) -> Strategy:
+    """``spec`` with search.sampler/pruner: auto, and the settings they shape that the spec does
+    not write, chosen (strategy.py); a spec asking for no auto comes back as it is. Call it on
+    the spec as loaded: what was written is read from its fields set."""
+    if not strategy.wanted(spec):
+        return Strategy(spec, ())
+    resolve_task(spec)  # a task that cannot be built stops here with its own message, before facts()
+    try:
+        return strategy.choose(spec, facts(spec))
+    except ValidationError as exc:  # a written setting the choice contradicts (e.g. search.population)
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
+        raise UserError(f"the auto strategy's choices do not fit the spec: {detail}") from None
+
+
+def notes(spec: SweepSpec) -> list[str]:
+    """What ``spec`` sets that cannot take effect on this machine, each with its fix."""
+    return strategy.notes(spec, facts(spec))
+
+
+def why_unfusable(spec: SweepSpec) -> str | None:
+    """Why no two trials of ``spec`` can share a fused model (what trial/fused.py why_not_fused
+    checks that a spec alone tells), or None."""
+    if spec.train.compile:
+        return "train.compile is on"
+    if spec.train.precision == "fp16":
+        return "train.precision fp16 needs a loss scaler per member"
+    if spec.data.path == "loader":
+        return "data.path is loader"
+    if not make_task(spec).fusable:
+        return f"task '{spec.task.plugin}' with these task.args trains one trial at a time"
+    for kind, section in (("models", "model"), ("optimizers", "optimizer")):
+        for plugin in _plugins(spec, section):
+            if not getattr(registry.get(kind, plugin), FUSABLE_ATTR, True):
+                return f"the {kind[:-1]} plugin '{plugin}' says it cannot be fused ({FUSABLE_ATTR} = False)"
+    return None
+
+
+def _plugins(spec: SweepSpec, section: str) -> list[str]:
+    """The plugins a spec section can name: its own, and the choices searched for it."""
+    base = getattr(spec, section).plugin
+    searched = spec.search.space.get(f"{section}.plugin")
+    choices = [str(c) for c in searched.choices] if isinstance(searched, sp.CategoricalParam) else []
+    return list(dict.fromkeys([base, *choices]))
+
+
+def _cuda(spec: SweepSpec) -> bool:
+    return spec.train.device != "cpu" and torch.cuda.is_available()
