@@ -46,6 +46,7 @@ anytime curves (the PNG in docs/strategy.md) without running anything.
     python benchmarks/search_quality.py --report results.json --plot curves.png
     python benchmarks/search_quality.py --strategies auto warm --against results.json   # a change to sweeper
     python benchmarks/search_quality.py --report after.json --against results.json       # its tables again
+    python benchmarks/search_quality.py --strategies auto --set search.auto.train=false  # a setting, measured
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,13 @@ Entry = tuple[float, float | None, float | None]
 
 @dataclass(frozen=True)
 class Task:
-    """One benchmark task: a shipped spec and the overrides that point it at its data."""
+    """One benchmark task: a shipped spec, the overrides that point it at its data (every run's)
+    and the settings measured (``--set``: sweeper's runs only, never the peers')."""
 
     name: str
     spec: Path
     overrides: tuple[str, ...] = ()
+    settings: tuple[str, ...] = ()
 
 
 def tasks(root: Path) -> dict[str, Task]:
@@ -155,6 +158,7 @@ def sweep(
         "train.cpu_threads=1",
         f"search.budget={{device_hours: {budget_s / 3600.0}}}",
         *task.overrides,
+        *task.settings,
         *extra,
     ]
     launched = time.time()
@@ -536,7 +540,7 @@ def measure(args: argparse.Namespace, names: list[str], root: Path) -> dict[str,
         "tasks": {},
     }
     for name in args.tasks:
-        task = registry[name]
+        task = replace(registry[name], settings=tuple(args.set))
         metric, maximize = objective(task)
         runs, startups = [], []
         for seed in range(args.seeds):
@@ -595,6 +599,13 @@ def main() -> None:
         "--strategies", nargs="+", choices=STRATEGIES, default=STRATEGIES, help="which to run (default: all)"
     )
     parser.add_argument("--quick", action="store_true", help="digits, 1 seed, 0.25 device-minutes")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="an override for sweeper's runs only (not the peers'): a setting measured without editing sweeper",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the sweeps' folders here")
     parser.add_argument("--results", type=Path, default=None, help="write every trial of every run here (JSON)")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a results file; run nothing")
