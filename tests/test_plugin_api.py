@@ -159,7 +159,8 @@ def test_the_strict_override_enables_what_strict_does():
     assert len(flags) >= 10, flags
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
     (strict,) = [o for o in config["overrides"] if "sweeper.plugin" in o["module"]]
-    assert {"sweeper.spec.*", "sweeper.track.records", "sweeper.search.optuna.rdb"} <= set(strict["module"])
+    contracts = {"sweeper.spec.*", "sweeper.errors", "sweeper.states", "sweeper.plan.strategy", "sweeper.track.records"}
+    assert contracts | {"sweeper.search.optuna.rdb"} <= set(strict["module"])
     for flag in flags:
         key, value = flag.replace("-", "_"), True
         if key.startswith("no_"):
