@@ -247,7 +247,7 @@ def validate(
     from sweeper.spec import load
 
     loaded = load(spec, overrides or [], auto=auto)
-    resolved = resolve_sweep(loaded, size=sized_space.size, check=_check_earlier)  # as `sweeper run` resolves it
+    resolved = resolve_sweep(loaded, size=sized_space.size, before_build=_check_earlier)  # as `sweeper run` resolves it
     sweep = resolved.spec
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")

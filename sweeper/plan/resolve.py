@@ -9,7 +9,8 @@
 3. choose: ``search.sampler/pruner: auto`` and the settings they shape (strategy.py), from the
    facts beyond the spec found out here (this machine's device, whether the plugins fuse);
 4. the task: the objective resolved against it (pluginhost/tasks.py);
-5. bind: every plugin and its arguments (pluginhost/binding.py), then the caller's own checks;
+5. bind: every plugin and its arguments (pluginhost/binding.py), then the caller's own step
+   before the build (its checks; the runner also starts its worker pool there);
 6. dry build: the data prepared, each plugin choice built on the CPU (preflight.py).
 
 What each step said (where each entry of the space came from, the sizing's changes, the
@@ -60,15 +61,15 @@ def resolve_sweep(
     loaded: SweepSpec,
     *,
     size: Callable[[SweepSpec], Sized] | None = None,
-    check: Callable[[SweepSpec], None] | None = None,
+    before_build: Callable[[SweepSpec], None] | None = None,
     build: bool = True,
 ) -> Resolved:
     """``loaded`` (as `spec.load` returns it) resolved. ``size``: how a derived space with a
     device-time budget is sized (``sized_space.size``, or the runner's, which reads a resumed
-    sweep's sizing back); None: not sized. ``check``: the
-    caller's checks of the resolved spec, run before the dry build (earlier sweeps there,
-    devices, a cluster). ``build``: run the dry build. Raises UserError naming the spec path of
-    what is wrong."""
+    sweep's sizing back); None: not sized. ``before_build``: the caller's step on the resolved
+    spec before the dry build: its checks (earlier sweeps there, devices, a cluster) and what it
+    starts to overlap the build (the runner's pool). ``build``: run the dry build. Raises
+    UserError naming the spec path of what is wrong."""
     derived = derive(loaded)
     changes = None
     if size is not None and sized_space.wanted(loaded):
@@ -78,8 +79,8 @@ def resolve_sweep(
     chosen = choose(derived.spec)
     spec = resolve_task(chosen.spec)
     check_plugins(spec)
-    if check is not None:
-        check(spec)
+    if before_build is not None:
+        before_build(spec)
     dry = dry_build(spec) if build else None
     return Resolved(spec, derived, changes, chosen.choices, notes(spec), dry)
 

@@ -53,7 +53,7 @@ def submit(
                 f"{safe_url(url)} holds a sweep named '{spec.name}' already; give this one another name: name=..."
             )
         # resolved as its workers will (the earlier sweeps checked): what is wrong stops here
-        resolve_sweep(spec, check=lambda sweep: earlier.check(sweep, None))
+        resolve_sweep(spec, before_build=lambda sweep: earlier.check(sweep, None))
         wanted = device or {"cuda": "cuda", "cpu": "cpu"}.get(spec.train.device, "any")
         queue.add(spec.name, owner, priority, spec.model_dump(mode="json"), wanted, min_memory_gb, spec.train.devices)
         return queue.entry(spec.name)

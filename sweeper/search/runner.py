@@ -163,7 +163,7 @@ def run_sweep(
     searcher = backend.load(spec.search.backend)
     prestarted = pool.Prestarted()
 
-    def check(resolved: SweepSpec) -> None:  # this machine and this backend, before the dry build
+    def before_build(resolved: SweepSpec) -> None:  # this machine and backend checked; the pool started
         if resolved.train.device == "cuda" and not torch.cuda.is_available():
             raise UserError(
                 "train.device: 'cuda' was asked for but this machine has no CUDA device; use 'auto' or 'cpu'"
@@ -180,7 +180,7 @@ def run_sweep(
         resolved = resolve_sweep(
             spec,
             size=(lambda derived: _sized(derived, out_dir, cache)) if role == Role.RUN else None,
-            check=check,
+            before_build=before_build,
             build=visit is None or not visit.checked,
         )
         spec = resolved.spec
