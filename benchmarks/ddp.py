@@ -54,7 +54,7 @@ def main() -> None:
     for ranks, threads in SETTINGS:
         config = TrialConfig(0, 1, {}, spec.with_values({"train.devices": ranks}), threads=threads * ranks)
         started = time.perf_counter()
-        out = execute(replace(config), lambda number, epoch, metrics: False)
+        (out,) = execute([replace(config)], lambda number, epoch, metrics: False)
         wall = time.perf_counter() - started
         assert out.state == "complete", out.reason
         rates = [h["samples_per_s"] for h in out.history[1:]]

@@ -37,10 +37,6 @@ class Classification:
     metrics: ClassVar[dict[str, str]] = {"train_acc": "maximize", "val_acc": "maximize"}
     objective: ClassVar[str] = "val_acc"
 
-    @property
-    def fusable(self) -> bool:
-        return self.class_weights is None  # fused training computes the unweighted loss itself
-
     def fit(self, data: DataSplits | DatasetSplits) -> FittedClassification:
         for split in ("train", "val"):
             y = getattr(data, f"{split}_y")
@@ -160,7 +156,6 @@ class Regression:
     huber_delta: float = 1.0
     metrics: ClassVar[dict[str, str]] = {"val_rmse": "minimize", "val_mae": "minimize", "val_r2": "maximize"}
     objective: ClassVar[str] = "val_rmse"
-    fusable: ClassVar[bool] = False
 
     def fit(self, data: DataSplits | DatasetSplits) -> FittedRegression:
         for split in ("train", "val"):
@@ -263,7 +258,6 @@ class Multilabel:
     threshold: float = 0.5
     metrics: ClassVar[dict[str, str]] = {"val_f1_macro": "maximize", "val_map": "maximize"}
     objective: ClassVar[str] = "val_map"
-    fusable: ClassVar[bool] = False
 
     def fit(self, data: DataSplits | DatasetSplits) -> FittedMultilabel:
         for split in ("train", "val"):

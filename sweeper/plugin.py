@@ -1,50 +1,17 @@
-"""The plugin contracts. Plugins are plain factories found through entry points; no base class.
+"""The plugin contracts: plain factories found through entry points, no base class; the
+entry-point name is what a spec writes. One group per kind, each typed by a protocol below:
+``sweeper.datasets`` (``DatasetFactory``), ``sweeper.models`` (``ModelFactory``),
+``sweeper.optimizers`` (``OptimizerFactory``), ``sweeper.schedules`` (``ScheduleFactory``) and
+``sweeper.tasks`` (``TaskFactory``). A protocol lists only what sweeper passes, so a factory
+satisfies it when every argument a spec may set has a default.
 
-Each kind has one entry-point group; the entry-point name is what a spec writes:
-
-- ``sweeper.datasets``: ``factory(*, seed=..., **args) -> DataSplits | DatasetSplits``. ``seed``
-  (the sweep seed's "data" stream, so every trial sees the same split) is passed only when the
-  factory accepts it. ``DataSplits``: whole tensors, batched by index on the device (the fast
-  path); ``DatasetSplits``: map-style datasets read through a DataLoader (data larger than
-  memory, per-sample work, variable-length sequences with ``pad_collate``). Either may carry a
-  held-out test split (``test_x``/``test_y``; ``test``/``test_y``) that only the scoring of the
-  chosen trial after the sweep reads.
-- ``sweeper.models``: ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``;
-  ``num_classes`` is the model's output width, which the task sets (classes, labels or
-  regression targets). A factory that declares ``features`` also gets the data set's
-  ``TabularFeatures`` (None for data without columns): which input columns are categorical codes
-  and how many categories each has, for its embeddings.
-- ``sweeper.optimizers``: ``factory(params, **args) -> torch.optim.Optimizer``
-  (``torch.optim.SGD`` itself qualifies).
-- ``sweeper.schedules``: ``factory(optimizer, *, epochs, steps_per_epoch, **args)`` returning an
-  LR scheduler stepped once per optimizer step, a ``ReduceLROnPlateau`` stepped once per epoch
-  with the validation loss, or ``None`` for a constant LR.
-- ``sweeper.tasks``: ``factory(**args) -> Task``: what is learned (the loss, the metrics reported
-  each epoch and their directions, the default objective, what the exported output means);
-  ``Task.fit(data)`` learns what it needs from the training split (class weights, target scale).
-
-``ModelFactory``, ``DatasetFactory``, ``OptimizerFactory``, ``ScheduleFactory`` and ``TaskFactory`` type these
-calls for a type checker: each protocol lists only what sweeper passes, so a factory satisfies it
-when every argument a spec may set has a default.
-
-Arguments from the spec are bound to the factory's signature before any training, so a
-misspelt argument fails the sweep up front.
-
-Before the first trial sweeper calls every factory once in its own process (the data set is
-prepared there: downloaded or located) and takes one training step on a few samples on the CPU:
-the dry build. ``in_dry_build()`` is True meanwhile, for a plugin with side effects meant only
-for real trials (counting builds, logging to a service) to skip them.
-
-A factory may declare the search prior of an argument in its annotation, with the types below
-(``Uniform``, ``LogUniform``, ``IntRange``, ``Choice``): ``lr: Annotated[float, LogUniform(1e-5,
-1.0)] = 3e-4``. ``search.space: auto`` builds the search space from them (sweeper/pluginhost/
-priors.py reads them; docs/plugins.md, "Search priors").
-
-The attributes a plugin may set for sweeper to read (``API_ATTR``, ``CHANNELS_LAST_ATTR``,
-``FUSABLE_ATTR``) are named here and nowhere else. Versioning: the module an entry point names
-may declare ``SWEEPER_PLUGIN_API = 1`` (or a list of versions); ``registry.get`` refuses a plugin
-whose declaration excludes ``sweeper.PLUGIN_API_VERSION``. Undeclared means compatible. Full
-contract: docs/plugins.md.
+Before any training, the spec's arguments are bound to each factory's signature (a misspelt one
+fails the sweep up front) and every factory is called once in a dry build (``in_dry_build()``).
+An argument's annotation may declare its search prior (``Uniform``, ``LogUniform``, ``IntRange``,
+``Choice``) for ``search.space: auto``. The attributes sweeper reads on a plugin (``API_ATTR``,
+``CHANNELS_LAST_ATTR``, ``FUSABLE_ATTR``) are named here and nowhere else; a module declaring
+``SWEEPER_PLUGIN_API`` that excludes ``sweeper.PLUGIN_API_VERSION`` is refused. The full
+contract, with examples: docs/plugins.md.
 """
 
 from __future__ import annotations
@@ -334,7 +301,9 @@ class Normalize:
 
 class ModelFactory(Protocol):
     """``sweeper.models``: a model mapping ``(batch, *input_shape)`` inputs to ``(batch, num_classes)``
-    logits; ``input_shape`` is one sample's shape, from the data set."""
+    outputs; ``input_shape`` is one sample's shape, from the data set; ``num_classes`` the output
+    width, which the task sets (classes, labels or regression targets). A factory that declares
+    ``features`` also gets the data set's ``TabularFeatures`` (None for data without columns)."""
 
     def __call__(self, *, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module: ...
 
@@ -409,13 +378,11 @@ class FittedTask(Protocol):
 class Task(Protocol):
     """What a ``sweeper.tasks`` factory returns. ``metrics`` names what the task reports each
     epoch beside ``train_loss`` and ``val_loss`` (which every task reports; minimised), with the
-    direction that is better; ``objective`` is the default objective, one of them. ``fusable``:
-    whether trials of this task may train fused (trial/fused.py computes the classification loss
-    itself)."""
+    direction that is better; ``objective`` is the default objective, one of them. Trials of any
+    task may train fused: each member's loss and metrics are its own task's."""
 
     metrics: dict[str, str]  # metric -> "maximize" | "minimize"
     objective: str
-    fusable: bool
 
     def fit(self, data: DataSplits | DatasetSplits) -> FittedTask:
         """Check the targets (ValueError naming what is wrong) and learn what the task needs from

@@ -18,7 +18,7 @@ from sweeper.states import TrialState
 from sweeper.track.mlflow import TAG, Tracker
 from sweeper.track.records import TrialJson, load_trial
 from sweeper.trial.build import TrialConfig
-from sweeper.trial.execute import Decide, Outcome, execute, execute_group
+from sweeper.trial.execute import Decide, Outcome, execute
 from sweeper.trial.seeding import derive
 
 # Wall-clock and memory readings differ run to run by nature; everything else must match.
@@ -126,7 +126,7 @@ def _train_again(
         if outcome is None:
             if len(members) > 1:  # trained fused, replayed solo
                 report.tolerance, report.fused_alone = max(report.tolerance, FUSED_RTOL), True
-            outcome = execute(config, decide)
+            (outcome,) = execute([config], decide)
     return outcome
 
 
@@ -194,7 +194,7 @@ def _replay_fused(
                 record.number, record.seed, record.params, record.spec, record.threads, str(tmp / f"replay-{number}.pt")
             )
         )
-    outcome = next(o for o in execute_group(configs, decide) if o.number == config.number)
+    outcome = next(o for o in execute(configs, decide) if o.number == config.number)
     if "fused_with" in outcome.info:
         report.fused_with = members
     else:  # the group could not train fused this time: its members trained alone

@@ -40,7 +40,7 @@ def close(a: list[dict[str, float]], b: list[dict[str, float]]) -> None:
 
 def test_two_ranks_train_as_one_device_and_their_checkpoint_resumes_on_one(tmp_path: Path):
     cpu = ("train.device=cpu", "train.cpu_threads=2")
-    one = execute(config(*cpu, epochs=3), NEVER)
+    (one,) = execute([config(*cpu, epochs=3)], NEVER)
     assert one.state == TrialState.COMPLETE
 
     def preempted_after_2(number: int, epoch: int, metrics: dict[str, float]) -> bool:
@@ -49,24 +49,24 @@ def test_two_ranks_train_as_one_device_and_their_checkpoint_resumes_on_one(tmp_p
         return False
 
     two = replace(config(*cpu, "train.devices=2", epochs=3), checkpoint=str(tmp_path / "two.pt"), checkpoint_every=1)
-    first = execute(two, preempted_after_2)  # every rank stops after epoch 2; rank 0 saved the state
+    (first,) = execute([two], preempted_after_2)  # every rank stops after epoch 2; rank 0 saved the state
     assert first.state == TrialState.INTERRUPTED and first.failure == FailureKind.PREEMPTED, first.reason
     assert first.info["ranks"] == 2 and first.info["device"] == "cpu"
     close(one.history[:2], first.history)
     # the same trial again: the same numbers, bitwise (the sharding is the trial seed's)
-    again = execute(replace(two, checkpoint=str(tmp_path / "again.pt")), NEVER)
+    (again,) = execute([replace(two, checkpoint=str(tmp_path / "again.pt"))], NEVER)
     assert again.state == TrialState.COMPLETE, again.reason
     assert learned(again.history[:2]) == learned(first.history)
     close(one.history, again.history)
 
     # the pruner's answer reaches every rank: they all stop after the epoch it was given for
-    pruned = execute(replace(two, checkpoint=None), lambda number, epoch, metrics: epoch == 1)
+    (pruned,) = execute([replace(two, checkpoint=None)], lambda number, epoch, metrics: epoch == 1)
     assert pruned.state == TrialState.PRUNED and len(pruned.history) == 1
 
     # the checkpoint holds the plain module's state (no DDP "module." prefix) and resumes on one device
     state = checkpoint.load(tmp_path / "two.pt")
     assert state["epoch"] == 2 and not any(k.startswith("module.") for k in state["model"])
-    third = execute(replace(config(*cpu, epochs=3), resume=str(tmp_path / "two.pt")), NEVER)
+    (third,) = execute([replace(config(*cpu, epochs=3), resume=str(tmp_path / "two.pt"))], NEVER)
     assert third.state == TrialState.COMPLETE, third.reason
     close(one.history, third.history)
 
@@ -130,7 +130,7 @@ def test_a_rank_that_raises_fails_its_trial_with_its_reason(gate: Path):
     # the first rank to build its schedule raises at the first step of epoch 2; its peer, blocked
     # in the step's all-reduce, is killed by the launcher
     gated = config("train.devices=2", "schedule.plugin=gate", f"schedule.args={{folder: {gate}, epoch: 2, fail: true}}")
-    out = execute(replace(gated, spec=gated.spec.with_values({"train.epochs": 3})), NEVER)
+    (out,) = execute([replace(gated, spec=gated.spec.with_values({"train.epochs": 3}))], NEVER)
     assert out.state == TrialState.FAILED and out.failure is None, out.reason  # its own fault: not retried
     assert "the gate fails here on purpose" in out.reason and len(out.history) == 1
     # rank 0's own failure as it is; another rank's named
@@ -143,7 +143,7 @@ def test_a_hung_rank_is_stopped_by_the_trial_time_limit(gate: Path):
     # (the limit: well past epoch 1 of two gloo ranks on a loaded 2-core machine, so the trial is
     # stopped at the gate, which is asserted, not before it)
     hung = config("train.devices=2", "schedule.plugin=gate", f"schedule.args={{folder: {gate}, epoch: 2}}", epochs=3)
-    out = execute(replace(hung, spec=hung.spec.with_values({"train.max_trial_seconds": 15})), NEVER)
+    (out,) = execute([replace(hung, spec=hung.spec.with_values({"train.max_trial_seconds": 15}))], NEVER)
     assert out.state == TrialState.FAILED and out.failure == FailureKind.TIMED_OUT, out.reason
     assert "ran past train.max_trial_seconds=15" in out.reason
     assert (gate / "blocked").exists() and len(out.history) == 1, "stopped before the rank hung at its gate"
@@ -165,7 +165,7 @@ def test_rank_settings_are_checked_before_any_compute(workdir: Path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
 def test_two_cuda_ranks_train_with_nccl():
-    out = execute(config("train.device=cuda", "train.devices=2", epochs=2), NEVER)
+    (out,) = execute([config("train.device=cuda", "train.devices=2", epochs=2)], NEVER)
     assert out.state == TrialState.COMPLETE, out.reason
     assert out.failure is not FailureKind.LOST_WORKER and out.info["ranks"] == 2
 

@@ -8,11 +8,12 @@ import copy
 
 import pytest
 import torch
-from conftest import config, learned
+from conftest import SPACES, config, learned
 from torch import nn
 from torch.nn import functional as F
 
 from sweeper.errors import TrialPruned
+from sweeper.spec import load
 from sweeper.trial import fused_forward
 from sweeper.trial.build import TrialConfig, run_trial
 from sweeper.trial.fused import fit_fused, why_not_fused
@@ -71,6 +72,43 @@ def test_each_fused_member_trains_as_its_solo_run(model: str, engine: str):
     # each member's model holds its own weights afterwards (not views of the fused tensors)
     weights = [next(m.parts.model.parameters()) for m in members]
     assert weights[0].untyped_storage().data_ptr() != weights[1].untyped_storage().data_ptr()
+
+
+def task_member(number: int, base: str, *overrides: str) -> TrialConfig:
+    """A member of search_spaces/<base>.yaml (its task, data set and MLP), cut to 3 short epochs."""
+    spec = load(SPACES / f"{base}.yaml", ["train.epochs=3", "model.args.hidden=16", *overrides])
+    return TrialConfig(number, 10 + number, {}, spec)
+
+
+# members of every built-in task, each with its own task arguments (its loss is its task's)
+TASKS = {
+    "regression": [
+        task_member(0, "diabetes", "task.args.loss=mse"),
+        task_member(1, "diabetes", "task.args.loss=huber", "optimizer.args.lr=0.01"),
+        task_member(2, "diabetes", "task.args.loss=l1", "train.grad_clip=1.0"),
+    ],
+    "multilabel": [
+        task_member(0, "multilabel"),
+        task_member(1, "multilabel", "optimizer.args.lr=0.01", "task.args.threshold=0.3"),
+        task_member(2, "multilabel", "train.grad_clip=0.5"),
+    ],
+    "weighted classification": [
+        member(0, "task={plugin: classification, args: {class_weights: balanced}}"),
+        member(1, "task={plugin: classification, args: {class_weights: [1.0, 2.0, 1.0]}}"),
+        member(2, "task={plugin: classification, args: {label_smoothing: 0.1}}"),
+    ],
+}
+
+
+@pytest.mark.parametrize("engine", ["layered", "vmap"])
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_fused_members_of_every_task_train_as_their_solo_runs(task: str, engine: str):
+    configs = TASKS[task]
+    members = fit_fused(configs, CPU, lambda k, epoch, metrics: None, layered=engine == "layered")
+    assert [m.state for m in members] == ["complete"] * 3 and {m.engine for m in members} == {engine}
+    for member_config, fused in zip(configs, members):
+        assert_matches_solo(member_config, fused.history)  # the task's own metrics: val_rmse, val_map, ...
+    assert why_not_fused(configs) is None
 
 
 # members sharing one of torch's optimizers: stepped as one (sweeper/trial/fused_optim.py), each
@@ -200,13 +238,15 @@ def test_the_layered_layout_is_used_where_it_equals_vmap_and_gives_each_member_i
     }
     buffers = {n: torch.stack([dict(m.named_buffers())[n] for m in models]) for n, _ in models[0].named_buffers()}
     x = torch.randn(8, 1, 6, 6)
-    chosen = fused_forward.engine(
-        copy.deepcopy(models[0]).to("meta"), params, buffers, x, [0.0] * 3, contextlib.nullcontext
-    )
+    chosen = fused_forward.engine(copy.deepcopy(models[0]).to("meta"), params, buffers, x, contextlib.nullcontext)
     assert chosen.kind == kind
     predicted = chosen.predict(params, buffers, x)
     xs, ys = torch.randn(3, 8, 1, 6, 6), torch.randint(0, 3, (3, 8))
-    grads, loss, right = chosen.step(params, buffers, xs, ys, torch.zeros(3), 1.0)
+
+    def losses(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # each member's own loss
+        return torch.stack([F.cross_entropy(out[k], y[k]) for k in range(len(out))])
+
+    grads, loss, outputs = chosen.step(params, buffers, xs, ys, losses, 1.0)
     for k, solo in enumerate(models):  # each member's numbers are its own model's
         torch.testing.assert_close(predicted[k], solo.eval()(x), rtol=1e-4, atol=1e-6)
         solo.train()
@@ -214,7 +254,7 @@ def test_the_layered_layout_is_used_where_it_equals_vmap_and_gives_each_member_i
         solo_loss = F.cross_entropy(out, ys[k])
         solo_loss.backward()
         assert loss[k].item() == pytest.approx(solo_loss.item(), rel=1e-5)
-        assert right[k].item() == (out.argmax(-1) == ys[k]).sum().item()
+        torch.testing.assert_close(outputs[k], out.detach(), rtol=1e-4, atol=1e-6)
         for name, param in solo.named_parameters():
             torch.testing.assert_close(grads[name][k], param.grad, rtol=1e-4, atol=1e-6)
         for name, buffer in solo.named_buffers():  # BatchNorm's running statistics, updated per member

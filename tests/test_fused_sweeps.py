@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from test_faults import faulty  # noqa: F401 (a fixture: the greedy model plugin)
 
 from sweeper.trial.build import TrialConfig
-from sweeper.trial.execute import execute_group
+from sweeper.trial.execute import execute
 
 # fp32 on the CPU: the per-epoch metrics of a fused member against its solo run (see tests/test_fused.py)
 TOLERANCE = 1e-5
@@ -146,7 +146,7 @@ def test_what_cannot_fuse_trains_alone_and_says_why(workdir: Path, unfusable: No
     # a model vmap cannot batch: the fused step fails before anything trained; each trains alone
     branchy = members("model={plugin: branchy, args: {}}")
     assert fused.plan(branchy, size=4)[0] == [branchy]
-    outcomes = execute_group(branchy, lambda *a: False)
+    outcomes = execute(branchy, lambda *a: False)
     assert [o.state for o in outcomes] == ["complete"] * 3
     assert all("the fused step failed" in o.info["fuse_fallback"] for o in outcomes)
     assert "fused_with" not in outcomes[0].info  # they trained solo: replayed bitwise
@@ -190,7 +190,7 @@ def test_a_fused_model_that_fails_midway_keeps_the_ends_of_members_that_had_left
             raise RuntimeError("the fused model broke at epoch 2")
         return number == 1  # trial 1 is pruned after epoch 1
 
-    outcomes = execute_group(configs, decide)
+    outcomes = execute(configs, decide)
     assert [o.state for o in outcomes] == ["failed", "pruned", "failed"]
     assert outcomes[1].reason == "pruned at epoch 1" and len(outcomes[1].history) == 1
     assert all("the fused model broke at epoch 2" in outcomes[k].reason for k in (0, 2))

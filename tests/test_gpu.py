@@ -59,7 +59,7 @@ def test_a_resumed_adamw_keeps_its_step_counters_where_it_wants_them(
     counters on the CPU (on the GPU each step would sync to read them), fused AdamW on the GPU."""
     args = f"optimizer={{plugin: adamw, args: {{lr: 0.001, {implementation}: true}}}}"
     first = _cifar(tmp_path, args, "train.epochs=1")
-    execute(first, lambda *a: False)
+    execute([first], lambda *a: False)
     resumed = TrialConfig(0, 1, {}, first.spec.with_values({"train.epochs": 2}), resume=first.checkpoint)
     seen = {}
 
@@ -90,7 +90,7 @@ def test_deterministic_mode_is_bitwise_on_cuda(tmp_path: Path):
 
 
 def test_a_fused_member_reports_what_a_solo_trial_reports_on_cuda():
-    """One builder of an epoch's metrics (trainer.epoch_metrics): a fused member's epochs carry
+    """One end of an epoch (trial/epoch.py close_epoch): a fused member's epochs carry
     the solo trial's metrics, the device's peak memory (the group's) included."""
     from conftest import config
 

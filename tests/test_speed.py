@@ -109,7 +109,7 @@ def test_compiled_trials_of_one_architecture_share_one_compiled_forward(cheap_co
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 2  # training and evaluation (the last, shorter batches each add one)
     again = TrialConfig(1, 7, {}, base.spec, checkpoint=str(tmp_path / "1.pt"))
-    outcome = execute(again, lambda *a: False, cache=cache)  # another trial, its own weights: nothing compiled
+    (outcome,) = execute([again], lambda *a: False, cache=cache)  # another trial, its own weights: nothing compiled
     assert outcome.state == "complete" and counters["stats"]["unique_graphs"] == graphs
     assert len(cache.compiled) == 1
 

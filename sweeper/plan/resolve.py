@@ -35,7 +35,6 @@ from sweeper.plugin import FUSABLE_ATTR
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.auto_space import Derived, derive
 from sweeper.pluginhost.binding import check_plugins
-from sweeper.pluginhost.tasks import make_task
 from sweeper.pluginhost.tasks import resolve as resolve_task
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
@@ -120,8 +119,6 @@ def why_unfusable(spec: SweepSpec) -> str | None:
         return "train.precision fp16 needs a loss scaler per member"
     if spec.data.path == "loader":
         return "data.path is loader"
-    if not make_task(spec).fusable:
-        return f"task '{spec.task.plugin}' with these task.args trains one trial at a time"
     for kind, section in (("models", "model"), ("optimizers", "optimizer")):
         for plugin in _plugins(spec, section):
             if not getattr(registry.get(kind, plugin), FUSABLE_ATTR, True):

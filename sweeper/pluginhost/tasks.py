@@ -72,13 +72,6 @@ def resolve(spec: SweepSpec) -> SweepSpec:
                 f"{', '.join(known)} (and {', '.join(FOOTPRINT_METRICS)}, measured on the model). "
                 f"The task comes from {registry.info('tasks', name).where}."
             )
-    fuse = spec.search.fuse
-    if isinstance(fuse, int) and fuse > 1 and not task.fusable:
-        raise UserError(
-            f"search.fuse: {fuse} fuses trials, but task '{name}' with task.args {spec.task.args} cannot train "
-            f"fused (a fused model computes the unweighted classification loss); set search.fuse: off (or auto, "
-            f"which trains such trials one at a time)"
-        )
     return resolved
 
 

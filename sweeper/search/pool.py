@@ -24,7 +24,7 @@ import torch
 from sweeper.errors import SweepStopped
 from sweeper.states import FailureKind, TrialState
 from sweeper.trial.build import ProcessCache, TrialConfig
-from sweeper.trial.execute import Decide, Outcome, devices_used, execute_group
+from sweeper.trial.execute import Decide, Outcome, devices_used, execute
 from sweeper.trial.time_limit import timed_out_reason
 
 # record(number, epoch, metrics): the epoch's slow side effects, run after the worker has its answer
@@ -132,7 +132,7 @@ class InlineExecutor:
             finally:
                 records.append(self.recorder.submit(self.record, number, epoch, metrics))
 
-        outcomes = execute_group(task, decide, cache=self.cache)
+        outcomes = execute(task, decide, cache=self.cache)
         for written in records:
             written.result()  # raises what the recording raised
         self.done.extend(outcomes)
@@ -397,7 +397,7 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
     try:
         while (task := conn.recv()) is not None:
             conn.send(("start", None))  # the trial's clock (train.max_trial_seconds) starts now
-            outcomes = execute_group(task, decide, index, cache)
+            outcomes = execute(task, decide, index, cache)
             conn.send(("end", outcomes))
             if any(
                 o.context_lost for o in outcomes

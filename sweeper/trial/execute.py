@@ -1,6 +1,7 @@
-"""Run one trial to an Outcome, whatever happens inside it: the code every executor shares (this
-process, a worker process, a Ray actor, a replay). After every epoch it asks ``decide`` whether
-to stop (a pruner's answer); it never raises for the trial's own failure."""
+"""Run one trial, or the members of one fused model, to an Outcome each, whatever happens inside
+it: the code every executor shares (this process, a worker process, a Ray actor, a replay). After
+every epoch it asks ``decide`` whether to stop (a pruner's answer); it never raises for a trial's
+own failure."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import gc
 import platform
 import time
 import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ from sweeper.trial.seeding import configure_torch
 from sweeper.trial.time_limit import TimeLimit, TrialTimedOut, timed_out_reason
 from sweeper.trial.trainer import resolve_device
 
-__all__ = ["Decide", "Outcome", "devices_used", "execute", "execute_group", "release_device_memory", "saves_state"]
+__all__ = ["Decide", "Outcome", "devices_used", "execute", "release_device_memory", "saves_state"]
 
 OOM = FailureKind.OUT_OF_MEMORY.value  # the reason's prefix of a trial out of device memory (its failure says so)
 # What CUDA reports once a kernel has faulted: the process's CUDA context is unusable from then on
@@ -48,183 +51,180 @@ def reason_of(exc: BaseException) -> str:
     return (text if isinstance(exc, TrialFailed) else f"{type(exc).__name__}: {text}")[:500]
 
 
+@dataclass
+class _Run:
+    """One execute call: its trials' outcomes (by number), the time limit they share (a fused
+    model's members share their model's), what they share of ``info`` and when it started."""
+
+    configs: list[TrialConfig]
+    decide: Decide
+    limit: TimeLimit
+    outs: dict[int, Outcome]
+    info: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def report(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
+        """Trial ``number``'s epoch to the caller's ``decide``; TrialPruned when it says stop."""
+        self.outs[number].history.append(metrics)
+        with self.limit.shielded():  # a question and its answer over a worker's pipe: never cut in two
+            prune = self.decide(number, epoch, metrics)
+        if prune:
+            raise TrialPruned(f"pruned at epoch {epoch}")
+
+    def fail(self, exc: Exception) -> None:
+        """Every trial not ended before ``exc`` fails with its reason (out of memory: retried
+        with smaller micro-batches; past the time limit); a fused model's members that had left
+        (pruned, failed) keep their end."""
+        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state.finished}
+        for number, out in self.outs.items():
+            if number in left:
+                out.state, out.reason = left[number].state, left[number].reason
+                continue
+            out.state, out.error, out.reason = TrialState.FAILED, traceback.format_exc(), reason_of(exc)
+            if isinstance(exc, TrialTimedOut):
+                out.reason = timed_out_reason(self.limit.seconds or 0, time.perf_counter() - self.started)
+                out.failure = FailureKind.TIMED_OUT
+            elif isinstance(exc, torch.cuda.OutOfMemoryError):  # the machine's limit, not the trial's fault
+                out.reason, out.failure = f"{OOM}: {out.reason}", FailureKind.OUT_OF_MEMORY
+            else:
+                out.failure = _context_lost(exc)
+
+    def outcomes(self) -> list[Outcome]:
+        """The outcomes, in the configs' order, each with the shared info, the wall time (in the
+        worker: excludes queueing) and its share of the device time (the shares add up)."""
+        seconds = time.perf_counter() - self.started
+        used = devices_used(str(self.info.get("device", "cpu")), torch.get_num_threads())
+        for out in self.outs.values():
+            out.info = {**self.info, **out.info, "seconds": seconds, "device_seconds": seconds * used / len(self.outs)}
+        return [self.outs[c.number] for c in self.configs]
+
+
 def execute(
-    config: TrialConfig,
+    configs: Sequence[TrialConfig],
     decide: Decide,
     worker_index: int = 0,
     cache: ProcessCache | None = None,
     ranks: Ranks | None = None,
-) -> Outcome:
-    """Train ``config`` on its device; save its final training state to ``config.checkpoint``.
+) -> list[Outcome]:
+    """Train ``configs`` on their device, one Outcome each: one trial alone, or several as one
+    fused model (trial/fused.py; see fused.plan) whose members each end as their solo runs would
+    (history, state, reason, checkpoint). A group that cannot train fused (its first step fails)
+    trains one trial at a time instead, each Outcome saying why in ``info["fuse_fallback"]``.
     ``cache``: the process's data set and compiled forwards, kept for its next trials. A trial
     of ``train.devices`` > 1 runs as that many processes (trial/launch.py), each of which calls
     this with its ``ranks``: rank 0 saves the states and its Outcome is the trial's."""
-    if config.spec.train.devices > 1 and ranks is None:
-        return launch.launch(config, decide, worker_index)
-    main = ranks is None or ranks.main
-    out = Outcome(config.number, TrialState.FAILED)
-    started = time.perf_counter()
-    extra = {"trial": config.number, "params": config.params}
-    limit = TimeLimit(config.spec.train.max_trial_seconds)
-    last: dict[str, Any] = {}  # the latest training state and the epoch last saved
-
-    def on_epoch_end(state: checkpoint.State) -> None:
-        last["state"] = state
-        if main and config.checkpoint and saves_state(config, state["epoch"]):
-            with limit.shielded():  # a checkpoint is written whole (no temp file left behind)
-                checkpoint.save(Path(config.checkpoint), {**state, **extra})
-            last["saved"] = state["epoch"]
-
-    def report(epoch: int, metrics: dict[str, float]) -> None:
-        out.history.append(metrics)
-        with limit.shielded():  # a question and its answer over a worker's pipe: never cut in two
-            prune = decide(config.number, epoch, metrics)
-        if prune:
-            raise TrialPruned(f"pruned at epoch {epoch}")
-
-    try:
-        with limit:
-            train = config.spec.train
-            if config.threads is not None:
-                configure_torch(threads=config.threads, deterministic=train.deterministic)
-            device = ranks.device if ranks is not None else resolve_device(train.device, worker_index)
-            out.info = {
-                "device": str(device),
-                "device_name": _device_name(device),
-                "threads": torch.get_num_threads(),
-                "torch": torch.__version__,
-                "cuda": torch.version.cuda or "none",
-            }
-            resume = None
-            if config.resume is not None:
-                # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
-                # (an optimizer's step counters stay on the CPU: on the GPU they would sync every step)
-                resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
-                out.history = [dict(h) for h in resume.state["history"]]
-                last["state"] = resume.state
-            trained = run_trial(
-                config, report, device, out.info, resume=resume, on_epoch_end=on_epoch_end, cache=cache, ranks=ranks
-            )
-            if main:
-                out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
-            if main and config.checkpoint and last.get("saved") != last["state"]["epoch"]:
-                checkpoint.save(Path(config.checkpoint), {**last["state"], **extra})
-            out.state = TrialState.COMPLETE
-    except TrialPruned as exc:
-        out.state, out.reason = TrialState.PRUNED, str(exc)
-    except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later
-        state = last.get("state")
-        if main and config.checkpoint and state is not None and last.get("saved") != state["epoch"]:
-            checkpoint.save(Path(config.checkpoint), {**state, **extra})
-        out.state, out.reason, out.failure = TrialState.INTERRUPTED, str(exc), FailureKind.PREEMPTED
-        out.info["resume"] = config.checkpoint if state is not None else None
-    except TrialTimedOut:
-        out.reason, out.error = (
-            timed_out_reason(limit.seconds or 0, time.perf_counter() - started),
-            traceback.format_exc(),
-        )
-        out.failure = FailureKind.TIMED_OUT
-    except torch.cuda.OutOfMemoryError as exc:  # the machine's limit, not the trial's fault: retried
-        out.reason, out.error = f"{OOM}: {reason_of(exc)}", traceback.format_exc()
-        out.failure = FailureKind.OUT_OF_MEMORY
-    except Exception as exc:  # a failing trial never kills the sweep
-        out.reason, out.error = reason_of(exc), traceback.format_exc()
-        out.failure = _context_lost(exc)
-    finally:
-        release_device_memory()
-    out.info["seconds"] = time.perf_counter() - started  # in the worker: excludes queueing
-    out.info["device_seconds"] = out.info["seconds"] * devices_used(
-        out.info.get("device", "cpu"), torch.get_num_threads()
-    )
-    return out
-
-
-def execute_group(
-    configs: list[TrialConfig], decide: Decide, worker_index: int = 0, cache: ProcessCache | None = None
-) -> list[Outcome]:
-    """Train ``configs`` as one fused model (trial/fused.py; see fused.plan): one Outcome per
-    member, as its solo run would give (its history, state, reason and checkpoint). A group that
-    cannot train fused (its first step fails) trains one member at a time instead, and each
-    Outcome says why in ``info["fuse_fallback"]``."""
     cache = cache if cache is not None else ProcessCache()  # one data set for every member
-    if len(configs) == 1:
-        return [execute(configs[0], decide, worker_index, cache)]
+    first = configs[0]
+    if len(configs) == 1 and first.spec.train.devices > 1 and ranks is None:
+        return [launch.launch(first, decide, worker_index)]
     outs = {c.number: Outcome(c.number, TrialState.FAILED) for c in configs}
-    started = time.perf_counter()
-    info: dict[str, Any] = {"fused_with": [c.number for c in configs]}
-    sizes: dict[int, dict[str, float]] = {}  # each complete member's footprint
-
-    limit = TimeLimit(configs[0].spec.train.max_trial_seconds)  # the fused model's: its members share it
-
-    def report(index: int, epoch: int, metrics: dict[str, float]) -> None:
-        number = configs[index].number
-        outs[number].history.append(metrics)
-        with limit.shielded():  # a question and its answer over a worker's pipe: never cut in two
-            prune = decide(number, epoch, metrics)
-        if prune:
-            raise TrialPruned(f"pruned at epoch {epoch}")
-
+    run = _Run(list(configs), decide, TimeLimit(first.spec.train.max_trial_seconds), outs)
     try:
-        with limit:
-            first = configs[0]
-            if first.threads is not None:
-                configure_torch(threads=first.threads, deterministic=first.spec.train.deterministic)
-            device = resolve_device(first.spec.train.device, worker_index)
-            info.update(
-                device=str(device),
-                device_name=_device_name(device),
-                threads=torch.get_num_threads(),
-                torch=torch.__version__,
-                cuda=torch.version.cuda or "none",
-            )
-            members = fused.fit_fused(configs, device, report, cache=cache)
-            info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
-            for member in members:
-                out = outs[member.config.number]
-                out.state, out.reason = member.state, member.reason
-                if member.state == TrialState.COMPLETE:  # its model has its own storage again
-                    sizes[member.config.number] = footprint.measure(
-                        member.parts.model, member.parts.data, member.config.spec
-                    )
-                if member.state == TrialState.COMPLETE and member.config.checkpoint:
-                    state = member.training_state()
-                    checkpoint.save(
-                        Path(member.config.checkpoint),
-                        {**state, "trial": member.config.number, "params": member.config.params},
-                    )
+        with run.limit:
+            device = _start(run, worker_index, ranks)
+            if len(configs) == 1:
+                _alone(run, device, cache, ranks)
+            else:
+                _fused(run, device, cache)
     except fused.NotFusable as exc:  # before any member trained an epoch: each trains alone
         release_device_memory()
-        solo = [execute(config, decide, worker_index, cache) for config in configs]
+        solo = [execute([config], decide, worker_index, cache)[0] for config in configs]
         for out in solo:
             out.info["fuse_fallback"] = str(exc)
         return solo
-    except Exception as exc:  # the fused model failed as a whole: its running members fail with it (out of
-        # memory: each is retried with smaller micro-batches); those pruned or failed before keep their end
-        left = {m.config.number: m for m in getattr(exc, "fused_members", []) if m.state.finished}
-        oom = isinstance(exc, torch.cuda.OutOfMemoryError)
-        timed_out = isinstance(exc, TrialTimedOut)
-        for number, out in outs.items():
-            if number in left:
-                out.state, out.reason = left[number].state, left[number].reason
-                continue
-            out.state, out.error = TrialState.FAILED, traceback.format_exc()
-            out.reason = f"{OOM}: {reason_of(exc)}" if oom else reason_of(exc)
-            out.failure = FailureKind.OUT_OF_MEMORY if oom else _context_lost(exc)
-            if timed_out:
-                out.reason = timed_out_reason(limit.seconds or 0, time.perf_counter() - started)
-                out.failure = FailureKind.TIMED_OUT
+    except Exception as exc:  # a failing trial never kills the sweep
+        run.fail(exc)
     finally:
         release_device_memory()
-    seconds = time.perf_counter() - started  # the group's wall time: each member's share is seconds / N
-    share = seconds * devices_used(str(info.get("device", "cpu")), torch.get_num_threads()) / len(configs)
-    for number, out in outs.items():
-        out.info = {
-            **info,
-            "seconds": seconds,
-            "device_seconds": share,  # the members' shares add up to the group's device time
-            **({"footprint": sizes[number]} if number in sizes else {}),
-        }
-    return [outs[c.number] for c in configs]
+    return run.outcomes()
+
+
+def _start(run: _Run, worker_index: int, ranks: Ranks | None) -> torch.device:
+    """The process's threads and the trials' device, described in the shared info."""
+    train = run.configs[0].spec.train
+    if run.configs[0].threads is not None:
+        configure_torch(threads=run.configs[0].threads, deterministic=train.deterministic)
+    device = ranks.device if ranks is not None else resolve_device(train.device, worker_index)
+    run.info.update(
+        device=str(device),
+        device_name=_device_name(device),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda or "none",
+    )
+    return device
+
+
+def _alone(run: _Run, device: torch.device, cache: ProcessCache, ranks: Ranks | None) -> None:
+    """Train the one trial; save its training state to ``config.checkpoint`` (every
+    ``checkpoint_every`` epochs and at its end; when preempted, after its last epoch)."""
+    config = run.configs[0]
+    out = run.outs[config.number]
+    main = ranks is None or ranks.main
+    extra = {"trial": config.number, "params": config.params}
+    last: dict[str, Any] = {}  # the latest training state and the epoch last saved
+
+    def save(state: checkpoint.State) -> None:
+        if main and config.checkpoint and last.get("saved") != state["epoch"]:
+            with run.limit.shielded():  # a checkpoint is written whole (no temp file left behind)
+                checkpoint.save(Path(config.checkpoint), {**state, **extra})
+            last["saved"] = state["epoch"]
+
+    def on_epoch_end(state: checkpoint.State) -> None:
+        last["state"] = state
+        if saves_state(config, state["epoch"]):
+            save(state)
+
+    resume = None
+    if config.resume is not None:
+        # loaded on the CPU, then into model and optimizer, which put each tensor where it belongs
+        # (an optimizer's step counters stay on the CPU: on the GPU they would sync every step)
+        resume = checkpoint.Resume(checkpoint.load(Path(config.resume)), config.new_hyperparameters)
+        out.history = [dict(h) for h in resume.state["history"]]
+        last["state"] = resume.state
+    try:
+        trained = run_trial(
+            config,
+            lambda epoch, metrics: run.report(config.number, epoch, metrics),
+            device,
+            out.info,
+            resume=resume,
+            on_epoch_end=on_epoch_end,
+            cache=cache,
+            ranks=ranks,
+        )
+    except TrialPruned as exc:
+        out.state, out.reason = TrialState.PRUNED, str(exc)
+        return
+    except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later
+        if "state" in last:
+            save(last["state"])
+        out.state, out.reason, out.failure = TrialState.INTERRUPTED, str(exc), FailureKind.PREEMPTED
+        out.info["resume"] = config.checkpoint if "state" in last else None
+        return
+    if main:
+        out.info["footprint"] = footprint.measure(trained.model, trained.data, config.spec)
+        save(last["state"])
+    out.state = TrialState.COMPLETE
+
+
+def _fused(run: _Run, device: torch.device, cache: ProcessCache) -> None:
+    """Train the trials as one fused model; save each complete member's state to its checkpoint."""
+    run.info["fused_with"] = [c.number for c in run.configs]
+    members = fused.fit_fused(
+        run.configs, device, lambda k, epoch, metrics: run.report(run.configs[k].number, epoch, metrics), cache=cache
+    )
+    run.info.update(members[0].parts.data_info(), fused_engine=members[0].engine)
+    for member in members:
+        config, out = member.config, run.outs[member.config.number]
+        out.state, out.reason = member.state, member.reason
+        if member.state != TrialState.COMPLETE:
+            continue
+        # the member's model has its own storage again (fit_fused released the fused tensors)
+        out.info["footprint"] = footprint.measure(member.parts.model, member.parts.data, config.spec)
+        if config.checkpoint:
+            state = member.training_state()
+            checkpoint.save(Path(config.checkpoint), {**state, "trial": config.number, "params": config.params})
 
 
 def release_device_memory() -> None:

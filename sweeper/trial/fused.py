@@ -11,10 +11,12 @@ figures: docs/fused-trials.md#correctness).
 
 What stays each member's own: initialisation (its seed), batch order and augmentation draws (its
 generators), learning rate, weight decay, momentum/betas and any other optimizer setting, LR
-schedule, label smoothing, gradient clipping, BatchNorm statistics, its per-epoch metrics and its
-non-finite guard (a member whose loss is not finite fails alone; a pruned member leaves and the
-others go on). Dropout masks are drawn per member (each its own elements of the draw) but not from the
-solo run's stream: members with dropout match their solo run in distribution, not bitwise.
+schedule, its task (the loss and metrics of its task plugin, with its own arguments: label
+smoothing, class weights, a regression's loss), gradient clipping, BatchNorm statistics, its
+per-epoch metrics (epoch.py ends its epochs, as the solo trainer's) and its non-finite guard (a
+member whose loss is not finite fails alone; a pruned member leaves and the others go on).
+Dropout masks are drawn per member (each its own elements of the draw) but not from the solo
+run's stream: members with dropout match their solo run in distribution, not bitwise.
 
 Pure PyTorch like the trainer: no optuna, mlflow or ray here.
 """
@@ -24,27 +26,25 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from sweeper.errors import TrialFailed, TrialPruned
 from sweeper.plugin import FUSABLE_ATTR, DataSplits
 from sweeper.pluginhost import registry
-from sweeper.pluginhost.tasks import SMOOTHING, make_task, task_args
 from sweeper.states import TrialState
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
+from sweeper.trial.epoch import EpochClock, Schedule, TrainSums, check_now, close_epoch, steps_per_step
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.time_limit import TrialTimedOut
-from sweeper.trial.trainer import FINITE_CHECK_EVERY, amp_dtype, epoch_metrics, resolve_device
+from sweeper.trial.trainer import amp_dtype, resolve_device
 
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
 MemberReport = Callable[[int, int, dict[str, float]], None]
@@ -133,13 +133,8 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
             return "the data set differs"
         if spec.model != first.model:
             return "the model differs (plugin or architecture arguments: other shapes)"
-        if _task_key(spec) != _task_key(first):
-            return "the task differs (plugin or arguments other than label smoothing)"
-    if not make_task(first).fusable:
-        return (
-            f"task '{first.task.plugin}' with task.args {first.task.args} trains one trial at a time "
-            f"(a fused model computes the unweighted classification loss)"
-        )
+        if spec.task.plugin != first.task.plugin:  # its arguments may differ: each member's loss is its own
+            return "the task plugin differs"
     if first.data.path == "loader":
         return "data.path is loader (fused trials batch whole tensors by index on the device)"
     if any(config.resume is not None for config in configs):
@@ -154,16 +149,6 @@ def why_not_fused(configs: list[TrialConfig]) -> str | None:
     if amp_dtype(device, first.train.precision) is torch.float16:
         return "fp16 needs a loss scaler per member (not done yet; bf16 and fp32 fuse)"
     return None
-
-
-def _task_key(spec: Any) -> tuple[str, dict[str, Any]]:
-    """What a fused group's members share of their task: all but the label smoothing (each its own)."""
-    return spec.task.plugin, {k: v for k, v in spec.task.args.items() if k != SMOOTHING}
-
-
-def label_smoothing(member: Member) -> float:
-    """The member's label smoothing (its task's, or train.label_smoothing)."""
-    return float(task_args(member.config.spec).get(SMOOTHING, 0.0))
 
 
 class FusedGroup:
@@ -242,9 +227,8 @@ class FusedGroup:
                 grads = {n: grads[n] * scale.view((-1,) + (1,) * (grads[n].ndim - 1)).to(grads[n].dtype) for n in names}
             self.stepper.step(self.params, grads)
         for m in members:
-            scheduler = m.parts.scheduler
-            if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                scheduler.step()
+            if steps_per_step(m.parts.scheduler):
+                m.parts.scheduler.step()
         return norm
 
     def release(self) -> None:
@@ -301,7 +285,6 @@ def fit_fused(
             group.params,
             group.buffers,
             data.inputs(data.val_x[:32]),
-            [label_smoothing(m) for m in members],
             lambda: torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext(),
             layered,
         )
@@ -329,66 +312,104 @@ def _tensors(member: Member) -> DataSplits:
 
 
 def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
-    members = group.active
-    first = members[0]
-    data, train = _tensors(first), first.config.spec.train
-    device = data.train_x.device
-    if device.type == "cuda":  # the epoch's peak memory (epoch_metrics): the group's, as the solo trainer's
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
+    """One epoch of every running member: its steps, its validation, its end (epoch.py, as a
+    solo trial's) and its report; a member pruned or failed leaves, the others go on."""
+    clock = EpochClock(_tensors(group.active[0]).train_x.device)  # the group's seconds and peak memory
+    sums = _train_epoch(group, epoch)
+    if not group.active:
+        return
+    val = _validate(group)
+    clock.stop()
+    left = False
+    for member in group.active:
+        row = group.members.index(member)
+        try:
+            schedule = Schedule(member.parts.optimizer, member.parts.scheduler)
+            metrics = close_epoch(epoch, sums[row], val[row], schedule, clock)
+            member.history.append(metrics)
+            report(row, epoch, metrics)
+        except TrialPruned as exc:
+            member.state, member.reason, left = TrialState.PRUNED, str(exc), True
+        except TrialTimedOut:  # the fused model's time is up: every running member stops (execute.py)
+            raise
+        except TrialFailed as exc:
+            member.state, member.reason, left = TrialState.FAILED, str(exc), True
+    if left and group.active:
+        group.restack()
 
-    n = data.train_x.shape[0]
-    # each member's batch order, as the solo trainer draws it: row k is group.members[k]'s
-    orders = torch.zeros(len(group.members), n, dtype=torch.int64)
-    for m in members:
+
+def _train_epoch(group: FusedGroup, epoch: int) -> dict[int, TrainSums]:
+    """One epoch's optimizer steps of the running members (each its own batch order, as solo);
+    their sums, by row (place in group.members), for those still running at its end."""
+    data, train = _tensors(group.active[0]), group.active[0].config.spec.train
+    device, n = data.train_x.device, data.train_x.shape[0]
+    orders = torch.zeros(len(group.members), n, dtype=torch.int64)  # row k: group.members[k]'s order
+    for m in group.active:
         orders[group.members.index(m)] = torch.randperm(n, generator=m.order)
     orders = orders.to(device)
-    running: list[int] = []  # ids of the members the rows and label smoothings below are for
-    # each member's sums over the epoch, (all members,): indexed by its place in group.members
-    totals = {
-        "loss": torch.zeros(len(group.members), device=device),
-        "norm": torch.zeros(len(group.members), device=device),
-        "correct": torch.zeros(len(group.members), device=device, dtype=torch.int64),
-    }
+    loss, norm = torch.zeros(len(group.members), device=device), torch.zeros(len(group.members), device=device)
+    meters = {group.members.index(m): m.parts.task.meter("train") for m in group.active}
     steps = steps_per_epoch(data, train.batch_size)
-    engine = group.engine
-    assert engine is not None  # fit_fused sets it before the first epoch
-    seen = 0
+    seen, running = 0, list[int]()  # the ids of the members ``rows`` is for (it changes when one leaves)
     for step in range(steps):
         members = group.active
         if not members:
-            return
-        if [id(m) for m in members] != running:  # at the start, and after a member left: not every step
+            return {}
+        if [id(m) for m in members] != running:
             running = [id(m) for m in members]
             rows = torch.tensor([group.members.index(m) for m in members], device=device)
-            eps = torch.tensor([label_smoothing(m) for m in members], device=device)
         batch = orders[rows, step * train.batch_size : (step + 1) * train.batch_size]
-        grads_sum: dict[str, torch.Tensor] | None = None
+        grads: dict[str, torch.Tensor] = {}
         for micro in batch.tensor_split(train.accumulate, dim=1):  # the solo trainer's micro-batches
-            x = data.train_x[micro]
-            if data.train_transform is not None:
-                x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
-            x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
-            try:
-                grads, loss, right = engine.step(
-                    group.params, group.buffers, x, data.train_y[micro], eps, micro.shape[1] / batch.shape[1]
-                )
-            except (torch.cuda.OutOfMemoryError, TrialTimedOut):  # not the fused model's fault
-                raise
-            except Exception as exc:
-                if epoch == 1 and step == 0:
-                    raise NotFusable.because(exc) from exc
-                raise
-            grads_sum = grads if grads_sum is None else {k: grads_sum[k] + grads[k] for k in grads}
-            totals["loss"].index_add_(0, rows, loss.float() * micro.shape[1])
-            totals["correct"].index_add_(0, rows, right)
+            share = micro.shape[1] / batch.shape[1]
+            micro_grads, micro_loss = _micro_step(group, members, micro, share, meters, epoch == 1 and step == 0)
+            grads = {k: grads[k] + g for k, g in micro_grads.items()} if grads else micro_grads
+            loss.index_add_(0, rows, micro_loss.float() * micro.shape[1])
         seen += batch.shape[1]
-        assert grads_sum is not None  # train.accumulate >= 1: at least one micro-batch
-        totals["norm"].index_add_(0, rows, group.step(members, grads_sum))
-        if device.type == "cpu" or (step + 1) % FINITE_CHECK_EVERY == 0:
-            _fail_non_finite(group, totals["loss"], epoch, step + 1)
-    _fail_non_finite(group, totals["loss"], epoch, steps)
-    _evaluate_and_report(group, epoch, totals, seen, steps, time.perf_counter() - start, report)
+        norm.index_add_(0, rows, group.step(members, grads))
+        if check_now(device, step + 1):
+            _fail_non_finite(group, loss, epoch, step + 1)
+    _fail_non_finite(group, loss, epoch, steps)
+    losses, norms = loss.tolist(), norm.tolist()  # one copy to the host for every member's numbers
+    return {
+        row: TrainSums(losses[row], norms[row], seen, steps, meters[row].compute())
+        for row in (group.members.index(m) for m in group.active)
+    }
+
+
+def _micro_step(
+    group: FusedGroup,
+    members: list[Member],
+    micro: torch.Tensor,
+    weight: float,
+    meters: dict[int, Any],
+    first: bool,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The forward and backward of one micro-batch, ``micro`` (members, samples) the rows of
+    each member's: (gradients, each member's loss); each member's training meter gets its
+    outputs. A failure of the ``first`` step is the fused model's (NotFusable: train alone)."""
+    engine, data = group.engine, _tensors(members[0])
+    assert engine is not None  # fit_fused sets it before the first epoch
+    x, y = data.train_x[micro], data.train_y[micro]
+    if data.train_transform is not None:
+        x = torch.stack([data.train_transform(x[k], m.augment) for k, m in enumerate(members)])
+    x = data.inputs(x.flatten(0, 1)).unflatten(0, (len(members), micro.shape[1]))
+    tasks = [m.parts.task for m in members]
+
+    def losses(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # each member's task's loss
+        return torch.stack([task.loss(out[k], targets[k]) for k, task in enumerate(tasks)])
+
+    try:
+        grads, loss, out = engine.step(group.params, group.buffers, x, y, losses, weight)
+    except (torch.cuda.OutOfMemoryError, TrialTimedOut):  # not the fused model's fault
+        raise
+    except Exception as exc:
+        if first:
+            raise NotFusable.because(exc) from exc
+        raise
+    for k, member in enumerate(members):
+        meters[group.members.index(member)].update(out[k], y[k])
+    return grads, loss
 
 
 def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: int) -> None:
@@ -403,69 +424,16 @@ def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: in
         group.restack()
 
 
-def _evaluate_and_report(
-    group: FusedGroup,
-    epoch: int,
-    totals: dict[str, torch.Tensor],
-    seen: int,
-    steps: int,
-    seconds_train: float,
-    report: MemberReport,
-) -> None:
-    members = group.active
-    if not members:
-        return
-    started = time.perf_counter()
-    engine = group.engine
+def _validate(group: FusedGroup) -> dict[int, dict[str, float]]:
+    """Each running member's validation metrics (its task's meter), by row: every member
+    predicts the same batches, as the solo trainer's evaluate."""
+    engine, members = group.engine, group.active
     assert engine is not None  # fit_fused sets it before the first epoch
     data, train = _tensors(members[0]), members[0].config.spec.train
-    n = data.val_x.shape[0]
-    loss = torch.zeros(len(members), device=data.val_x.device)
-    correct = torch.zeros(len(members), device=data.val_x.device, dtype=torch.int64)
+    meters = [m.parts.task.meter("val") for m in members]
     with torch.inference_mode(), engine.autocast():
-        for part in eval_batches(n, train.eval_batch_size):
-            out = engine.predict(
-                group.params, group.buffers, data.inputs(data.val_x[part])
-            ).float()  # (members, batch, classes)
-            y = data.val_y[part]
-            loss += (
-                F.cross_entropy(out.flatten(0, 1), y.repeat(len(members)), reduction="none")
-                .view(len(members), -1)
-                .sum(1)
-            )
-            correct += (out.argmax(-1) == y).sum(1)
-    seconds = seconds_train + time.perf_counter() - started
-    # one copy to the host for every member's numbers
-    val_loss, val_correct = [v / n for v in loss.tolist()], correct.tolist()
-    train_loss, train_correct, norm = (totals[k].tolist() for k in ("loss", "correct", "norm"))
-    left = False
-    for k, member in enumerate(members):
-        row = group.members.index(member)
-        if not math.isfinite(val_loss[k]):
-            member.state, member.reason, left = TrialState.FAILED, "non-finite loss on the validation split", True
-            continue
-        scheduler = member.parts.scheduler
-        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(val_loss[k])
-        metrics = epoch_metrics(
-            train_loss=train_loss[row] / seen,
-            train={"train_acc": train_correct[row] / seen},
-            seen=seen,
-            val={"val_loss": val_loss[k], "val_acc": val_correct[k] / n},
-            lr=member.parts.optimizer.param_groups[0]["lr"],
-            grad_norm_sum=norm[row],
-            steps=steps,
-            seconds=seconds,
-            device=data.val_x.device,
-        )
-        member.history.append(metrics)
-        try:
-            report(row, epoch, metrics)
-        except TrialPruned as exc:
-            member.state, member.reason, left = TrialState.PRUNED, str(exc), True
-        except TrialTimedOut:  # the fused model's time is up: every running member stops (execute_group)
-            raise
-        except TrialFailed as exc:
-            member.state, member.reason, left = TrialState.FAILED, str(exc), True
-    if left and group.active:
-        group.restack()
+        for part in eval_batches(data.val_x.shape[0], train.eval_batch_size):
+            out = engine.predict(group.params, group.buffers, data.inputs(data.val_x[part])).float()
+            for k, meter in enumerate(meters):
+                meter.update(out[k], data.val_y[part])
+    return {group.members.index(m): meter.compute() for m, meter in zip(members, meters)}

@@ -1,4 +1,5 @@
-"""How a fused group computes its members' losses and gradients: the layered layout, or vmap.
+"""How a fused group computes its members' outputs and gradients: the layered layout, or vmap.
+Each member's loss is its own task's (fused.py hands the engine the losses to take).
 
 Layered (HFTA, Wang et al., MLSys 2021): the members' activations travel as one tensor of shape
 (batch, members x channels, ...), member-major. A Conv2d becomes one grouped convolution (groups =
@@ -11,7 +12,8 @@ size benchmarks/fused.py times (docs/fused-trials.md#speed).
 It is used when every leaf module of the model has such a form, and only after its predictions on
 the first validation batch equal vmap's (a model whose own forward mixes channels, say ``x.mean(1)``,
 would mix members: it is caught there). Otherwise vmap (torch.func) over a ``functional_call`` of
-the member's model, which fuses any model vmap can batch.
+the member's model, which fuses any model vmap can batch. Either way the backward is autograd's,
+through the members' losses summed (the members share no parameter).
 
 Pure PyTorch: no optuna, mlflow or ray here.
 """
@@ -24,10 +26,12 @@ from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 Tensors = dict[str, torch.Tensor]
+# each member's loss: (outputs (members, batch, outputs), targets (members, batch, ...)) -> (members,)
+Losses = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # On a CPU, the layered model's evaluation goes in pieces of at most this many samples x members:
 # a whole evaluation batch of many members is slower a sample, its activations out of the caches
 # (docs/fused-trials.md#speed)
@@ -167,73 +171,52 @@ def layout(x: torch.Tensor) -> torch.Tensor:
 
 
 def members_first(out: torch.Tensor, members: int) -> torch.Tensor:
-    """(batch, members x classes) -> (members, batch, classes)."""
+    """(batch, members x outputs) -> (members, batch, outputs)."""
     if out.dim() != 2 or out.shape[1] % members:
-        raise ValueError(f"the layered model's output has shape {tuple(out.shape)}, not (batch, {members} x classes)")
+        raise ValueError(f"the layered model's output has shape {tuple(out.shape)}, not (batch, {members} x outputs)")
     return out.view(out.shape[0], members, -1).transpose(0, 1)
 
 
-def member_losses(out: torch.Tensor, y: torch.Tensor, smoothing: list[float], eps: torch.Tensor) -> torch.Tensor:
-    """Each member's mean cross-entropy (with its label smoothing): out (members, batch, classes),
-    y (members, batch) -> (members,). torch's own loss when all members share one smoothing."""
-    if len(set(smoothing)) == 1:
-        return (
-            F.cross_entropy(out.flatten(0, 1), y.flatten(), label_smoothing=smoothing[0], reduction="none")
-            .view(y.shape)
-            .mean(1)
-        )
-    logp = F.log_softmax(out, dim=-1)
-    nll = -logp.gather(-1, y[..., None]).squeeze(-1).mean(1)
-    return (1 - eps) * nll + eps * (-logp.mean(-1)).mean(1)
-
-
 class Engine:
-    """One fused forward and backward: ``step`` gives each member's gradients, summed loss and
-    correct count; ``predict`` each member's outputs on a shared batch."""
+    """One fused forward and backward: ``step`` gives each member's gradients, loss and outputs;
+    ``predict`` each member's outputs on a shared batch. The losses are the members' tasks'
+    (fused.py): the engine only lays the members out."""
 
     def __init__(
         self,
         template: nn.Module,
         layered_model: nn.Module | None,
-        smoothing: list[float],
         autocast: Callable[[], AbstractContextManager[object]],
     ) -> None:
-        self.template, self.model, self.smoothing, self.autocast = template, layered_model, smoothing, autocast
+        self.template, self.model, self.autocast = template, layered_model, autocast
         self.kind = "vmap" if layered_model is None else "layered"
 
     def step(
-        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, weight: float
+        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, losses: Losses, weight: float
     ) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
-        """x (members, batch, ...), y (members, batch): (gradients, loss (members,), correct (members,))."""
-        if self.model is None:
-            return self._vmap_step(params, buffers, x, y, eps, weight)
-        self.model.train()
-        members = x.shape[0]
+        """x (members, batch, ...), y (members, batch, ...): (gradients, each member's loss
+        (members,), outputs (members, batch, outputs)). ``losses`` gives each member's loss of
+        its outputs (its task's: the mean over its batch); ``weight`` is the micro-batch's share
+        of the batch (accumulation, as the solo trainer weighs it)."""
         leaves = {name: tensor.detach().requires_grad_() for name, tensor in params.items()}
         with self.autocast():  # as the solo trainer: the forward and the loss under autocast (bf16 on CUDA)
-            out = members_first(functional_call(self.model, (leaves, buffers), (layout(x),)), members)
-            loss = member_losses(out, y, self.smoothing, eps)
+            out = self._forward(leaves, buffers, x)
+            loss = losses(out, y)
+        # the members share no parameter: each member's gradient is its own loss's, as solo
         grads = torch.autograd.grad(loss.sum() * weight, list(leaves.values()))
-        return dict(zip(leaves, grads)), loss.detach(), (out.detach().argmax(-1) == y).sum(1)
+        return dict(zip(leaves, grads)), loss.detach(), out.detach()
 
-    def _vmap_step(
-        self, params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor, weight: float
-    ) -> tuple[Tensors, torch.Tensor, torch.Tensor]:
-        template = self.template.train()
-        smoothing = self.smoothing
-
-        def loss_of(params: Tensors, buffers: Tensors, x: torch.Tensor, y: torch.Tensor, eps: torch.Tensor):
-            with self.autocast():
-                out = functional_call(template, (params, buffers), (x,))
-                loss = member_losses(out[None], y[None], smoothing, eps)[0]
-            return loss * weight, (loss.detach(), (out.argmax(-1) == y).sum())
-
-        step = vmap(grad_and_value(loss_of, has_aux=True), in_dims=(0, 0, 0, 0, 0), randomness="different")
-        grads, (_, (loss, right)) = step(params, buffers, x, y, eps)
-        return grads, loss, right
+    def _forward(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
+        """The training forward of every member: (members, batch, ...) -> (members, batch, outputs)."""
+        if self.model is None:
+            template = self.template.train()
+            each = vmap(lambda p, b, xs: functional_call(template, (p, b), (xs,)), randomness="different")
+            return each(params, buffers, x)
+        self.model.train()
+        return members_first(functional_call(self.model, (params, buffers), (layout(x),)), x.shape[0])
 
     def predict(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> torch.Tensor:
-        """Every member's outputs on one batch x (batch, ...): (members, batch, classes), eval mode."""
+        """Every member's outputs on one batch x (batch, ...): (members, batch, outputs), eval mode."""
         members = next(iter(params.values())).shape[0]
         if self.model is None:
             template = self.template.eval()
@@ -257,13 +240,12 @@ def engine(
     params: Tensors,
     buffers: Tensors,
     sample: torch.Tensor,
-    smoothing: list[float],
     autocast: Callable[[], AbstractContextManager[object]],
     allow_layered: bool = True,
 ) -> Engine:
     """The layered engine where the model has a layered form whose predictions on ``sample`` (a
     validation batch) equal vmap's; else vmap. NotFusable where vmap cannot run the model."""
-    vmapped = Engine(template, None, smoothing, autocast)
+    vmapped = Engine(template, None, autocast)
     with torch.no_grad():
         try:
             reference = vmapped.predict(params, buffers, sample)
@@ -274,7 +256,7 @@ def engine(
         model = layered(template) if allow_layered else None
         if model is None:
             return vmapped
-        candidate = Engine(template, model, smoothing, autocast)
+        candidate = Engine(template, model, autocast)
         try:
             mine = candidate.predict(params, buffers, sample)
         except torch.cuda.OutOfMemoryError:

@@ -57,7 +57,7 @@ def main() -> None:
     ranks = Ranks(rank, n, device)
     if device.type == "cpu":  # the trial's CPU threads (default: the machine's) shared by its ranks
         config = replace(config, threads=max(1, (config.threads or torch.get_num_threads()) // n))
-    out = execute(config, _decide(ranks, conn), job.worker_index, ranks=ranks)
+    (out,) = execute([config], _decide(ranks, conn), job.worker_index, ranks=ranks)
     conn.send(("outcome", out))
     if out.state != TrialState.FAILED:  # a failed rank's peers may wait in a collective: no farewell
         dist.destroy_process_group()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,13 +20,12 @@ from sweeper.spec import DataSpec, TrainSpec
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
 from sweeper.trial.ddp import Ranks, marked_last, no_sync
+from sweeper.trial.epoch import EpochClock, Schedule, TrainSums, check_now, close_epoch, steps_per_step
 from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, forward
 
 Report = Callable[[int, dict[str, float]], None]
 # on_epoch_end(state): the training state after an epoch, before that epoch's report
 OnEpochEnd = Callable[[checkpoint.State], None]
-# Checking the loss for NaN/Inf forces a GPU sync; on CUDA do it every this many optimizer steps.
-FINITE_CHECK_EVERY = 25
 
 
 def resolve_device(preference: str, worker_index: int = 0) -> torch.device:
@@ -121,6 +120,25 @@ class Stepper:
             yield Batch(self.data.train_x[micro], self.data.train_y[micro])
 
 
+@dataclass
+class _Loop:
+    """What fit's epochs work with: ``net`` trains (``model`` itself, or its compiled forward;
+    under DDP with ``ranks``), ``evaluated`` is evaluated (outside DDP); the batches come from
+    ``loaders`` (the DataLoader path) or by index from the whole-tensor splits."""
+
+    net: nn.Module
+    evaluated: nn.Module
+    model: nn.Module
+    schedule: Schedule
+    data: DataSplits | DatasetSplits
+    train: TrainSpec
+    stepper: Stepper
+    generators: dict[str, torch.Generator]  # "order" (batch order), "augment", "loader_workers"
+    loaders: TrialLoaders | None
+    seed: int
+    ranks: Ranks | None
+
+
 def fit(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -152,12 +170,10 @@ def fit(
     if ranks is not None:
         net = ranks.wrap(net, train.sync_batchnorm)
     stepper = Stepper(net, optimizer, data, train, seed, task)
-    device = stepper.device
     order_gen = torch.Generator().manual_seed(seed)  # batch order
-    generators = {"order": order_gen, "augment": stepper.augment_gen}
     loaders = None
     if isinstance(data, DatasetSplits):
-        settings = LoaderSettings.resolve(loading if loading is not None else DataSpec(), device)
+        settings = LoaderSettings.resolve(loading if loading is not None else DataSpec(), stepper.device)
         loaders = TrialLoaders(
             data,
             settings,
@@ -165,133 +181,52 @@ def fit(
             eval_batch_size=train.eval_batch_size,
             order=order_gen,
             seed=seed,
-            device=device,
+            device=stepper.device,
             ranks=ranks,
         )
+    generators = {"order": order_gen, "augment": stepper.augment_gen}
+    if loaders is not None:
         generators["loader_workers"] = loaders.worker_gen
+    loop = _Loop(
+        net, evaluated, model, Schedule(optimizer, scheduler), data, train, stepper, generators, loaders, seed, ranks
+    )
     try:
-        return _fit_epochs(
-            net,
-            evaluated,
-            model,
-            optimizer,
-            scheduler,
-            data,
-            train,
-            stepper,
-            order_gen,
-            generators,
-            loaders,
-            report=report,
-            resume=resume,
-            on_epoch_end=on_epoch_end,
-            seed=seed,
-            ranks=ranks,
-        )
+        return _fit_epochs(loop, report, resume, on_epoch_end)
     finally:
         if loaders is not None:
             loaders.close()
 
 
 def _fit_epochs(
-    net: nn.Module,
-    evaluated: nn.Module,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    data: DataSplits | DatasetSplits,
-    train: TrainSpec,
-    stepper: Stepper,
-    order_gen: torch.Generator,
-    generators: dict[str, torch.Generator],
-    loaders: TrialLoaders | None,
-    *,
-    report: Report,
-    resume: checkpoint.Resume | None,
-    on_epoch_end: OnEpochEnd | None,
-    seed: int,
-    ranks: Ranks | None,
+    loop: _Loop, report: Report, resume: checkpoint.Resume | None, on_epoch_end: OnEpochEnd | None
 ) -> list[dict[str, float]]:
-    """fit's epochs: ``net`` trains (``model`` itself, or its compiled forward; under DDP with
-    ``ranks``), ``evaluated`` is evaluated; the batches come from ``loaders`` (the DataLoader
-    path) or by index from the whole-tensor splits."""
-    device = stepper.device
-    per_epoch_scheduler = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    """fit's epochs: each trains, validates and ends as epoch.py says (a fused member's too)."""
+    optimizer, scheduler, scaler = loop.schedule.optimizer, loop.schedule.scheduler, loop.stepper.scaler
     history: list[dict[str, float]] = []
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     if resume is not None:
         base_lrs = checkpoint.restore(
-            resume, model=model, optimizer=optimizer, scheduler=scheduler, scaler=stepper.scaler, generators=generators
+            resume,
+            model=loop.model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            generators=loop.generators,
         )
         history = [dict(h) for h in resume.state["history"]]
-
-    for epoch in range(resume.state["epoch"] + 1 if resume else 1, train.epochs + 1):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        if ranks is not None:
-            ranks.reseed(seed, epoch)
-        net.train()
-        loss_sum = torch.zeros((), device=device)
-        meter = stepper.task.meter("train")
-        norm_sum = torch.zeros((), device=device)
-        seen = steps = 0
-        batches: Iterator[torch.Tensor] | Iterator[Batch]
-        if loaders is not None:
-            batches = loaders.train_epoch()
-        else:
-            assert isinstance(data, DataSplits)
-            batches = train_batches(data, train.batch_size, order_gen)
-            if ranks is not None:
-                batches = map(ranks.shard, batches)
-        for batch in batches:
-            batch_loss, norm = stepper.step(batch, meter)
-            if scheduler is not None and not per_epoch_scheduler:
-                scheduler.step()
-            loss_sum += batch_loss
-            norm_sum += norm.float()
-            seen += len(batch)
-            steps += 1
-            if (device.type == "cpu" or steps % FINITE_CHECK_EVERY == 0) and not torch.isfinite(loss_sum):
-                raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
-        if ranks is not None:  # every rank's samples; the gradient norm is the same on each (reduced grads)
-            sums = torch.tensor([0.0, float(seen)], dtype=torch.float64, device=device)
-            sums[0] = loss_sum
-            loss_sum, total = ranks.sum(sums)
-            seen = round(total.item())
-        train_loss = loss_sum.item() / seen
-        if not math.isfinite(train_loss):
-            raise TrialFailed(f"non-finite loss at epoch {epoch}")
-        if ranks is None:
-            val = evaluate(evaluated, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
-        else:  # rank 0 evaluates the whole split (exact, as one device does); the others wait for it
-            val = ranks.share(
-                evaluate(evaluated, data, train.eval_batch_size, stepper.dtype, stepper.task, loaders)
-                if ranks.main
-                else None
-            )
-        if per_epoch_scheduler:
-            scheduler.step(val["val_loss"])
-        metrics = epoch_metrics(
-            train_loss=train_loss,
-            train=meter.compute() if ranks is None else ranks.mean(meter.compute()),
-            seen=seen,
-            val=val,
-            lr=optimizer.param_groups[0]["lr"],
-            grad_norm_sum=norm_sum.item(),
-            steps=steps,
-            seconds=time.perf_counter() - start,
-            device=device,
-        )
+    for epoch in range(resume.state["epoch"] + 1 if resume else 1, loop.train.epochs + 1):
+        clock = EpochClock(loop.stepper.device)
+        sums = _train_epoch(loop, epoch)
+        metrics = close_epoch(epoch, sums, _validate(loop), loop.schedule, clock)
         history.append(metrics)
         if on_epoch_end is not None:
             on_epoch_end(
                 checkpoint.capture(
-                    model=model,
+                    model=loop.model,
                     optimizer=optimizer,
                     scheduler=scheduler,
-                    scaler=stepper.scaler,
-                    generators=generators,
+                    scaler=scaler,
+                    generators=loop.generators,
                     epoch=epoch,
                     history=history,
                     base_lrs=base_lrs,
@@ -301,36 +236,51 @@ def _fit_epochs(
     return history
 
 
-def epoch_metrics(
-    *,
-    train_loss: float,
-    train: dict[str, float],
-    seen: int,
-    val: dict[str, float],
-    lr: float,
-    grad_norm_sum: float,
-    steps: int,
-    seconds: float,
-    device: torch.device,
-) -> dict[str, float]:
-    """A trial's metrics of one epoch, as its history, the pruner and MLflow see them, solo or
-    fused: ``train_loss`` is the mean over the ``seen`` training samples, ``train`` and ``val`` the
-    task's metrics of each split (``val`` with ``val_loss``), ``grad_norm_sum`` is a sum over the
-    epoch's ``steps`` optimizer steps; ``seconds``
-    the epoch's wall time (training and validation; a fused member's is its group's). On CUDA
-    also the device's peak memory since the epoch began (MiB; a fused member's is its group's)."""
-    metrics = {
-        "train_loss": train_loss,
-        **train,
-        **val,
-        "lr": lr,
-        "grad_norm": grad_norm_sum / steps,
-        "epoch_seconds": seconds,
-        "samples_per_s": seen / seconds,
-    }
-    if device.type == "cuda":
-        metrics["gpu_mem_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return metrics
+def _train_epoch(loop: _Loop, epoch: int) -> TrainSums:
+    """One epoch's optimizer steps; TrialFailed as soon as the summed loss is not finite. Under
+    DDP the sums are every rank's samples (the gradient norm is the same on each: reduced grads)."""
+    stepper, ranks, device = loop.stepper, loop.ranks, loop.stepper.device
+    if ranks is not None:
+        ranks.reseed(loop.seed, epoch)
+    loop.net.train()
+    loss_sum = torch.zeros((), device=device)
+    norm_sum = torch.zeros((), device=device)
+    meter = stepper.task.meter("train")
+    seen = steps = 0
+    batches: Iterator[torch.Tensor] | Iterator[Batch]
+    if loop.loaders is not None:
+        batches = loop.loaders.train_epoch()
+    else:
+        assert isinstance(loop.data, DataSplits)
+        batches = train_batches(loop.data, loop.train.batch_size, loop.generators["order"])
+        if ranks is not None:
+            batches = map(ranks.shard, batches)
+    for batch in batches:
+        batch_loss, norm = stepper.step(batch, meter)
+        if steps_per_step(loop.schedule.scheduler):
+            loop.schedule.scheduler.step()
+        loss_sum += batch_loss
+        norm_sum += norm.float()
+        seen += len(batch)
+        steps += 1
+        if check_now(device, steps) and not torch.isfinite(loss_sum):
+            raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
+    if ranks is None:
+        return TrainSums(loss_sum.item(), norm_sum.item(), seen, steps, meter.compute())
+    sums = torch.tensor([0.0, float(seen)], dtype=torch.float64, device=device)
+    sums[0] = loss_sum
+    loss_total, total = ranks.sum(sums)
+    return TrainSums(loss_total.item(), norm_sum.item(), round(total.item()), steps, ranks.mean(meter.compute()))
+
+
+def _validate(loop: _Loop) -> dict[str, float]:
+    """The task's validation metrics; under DDP rank 0 evaluates the whole split (exact, as one
+    device does) and the others wait for its numbers."""
+    stepper, ranks = loop.stepper, loop.ranks
+    if ranks is not None and not ranks.main:
+        return ranks.share(None)
+    val = evaluate(loop.evaluated, loop.data, loop.train.eval_batch_size, stepper.dtype, stepper.task, loop.loaders)
+    return val if ranks is None else ranks.share(val)
 
 
 def evaluate(

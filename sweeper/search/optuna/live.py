@@ -172,17 +172,53 @@ class LiveTrials:
     def finish(self, outcome: Outcome) -> None:
         live = self.live[outcome.number]
         if outcome.state == TrialState.INTERRUPTED:  # its worker process died, or it was preempted: retried
-            self.heartbeat.release(live.trial_id)
-            stored = rdb.stored(self.study, live.trial_id)
-            if outcome.failure == FailureKind.PREEMPTED:
-                why, resume = outcome.reason or "preempted", outcome.info.get("resume")
-                self.recovery.retry_preempted(stored, why, resume, outcome.history)
-            else:
-                self.recovery.retry_lost([(stored, outcome.reason or "")])
-            self.live.pop(outcome.number)
+            self._retry(live, outcome)
             return
-        metric = self.spec.objective.metric
-        reason = outcome.reason
+        reason, values = self._ending(live, outcome)
+        live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
+        info = {
+            "seed": live.config.seed,
+            "reason": reason,
+            "mlflow_run_id": live.run_id,
+            "history": outcome.history,
+            **outcome.info,
+            **({"failure": outcome.failure.value} if outcome.failure is not None else {}),
+        }
+        if values is not None:
+            info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
+            info["value"] = info["values"][self.spec.objective.metric]  # the primary objective's (the table's value)
+        frozen = None
+        self.heartbeat.release(live.trial_id)  # first: no beat writes its epochs meanwhile
+        if not live.lost:
+            try:  # its epochs, info, state and value: one transaction
+                frozen = rdb.finish(
+                    self.study, live.trial_id, OPTUNA_STATES[outcome.state], values, live.epochs, {INFO: info}
+                )
+            except UpdateFinishedTrialError:
+                live.lost = True
+        self.live.pop(outcome.number)
+        if frozen is None:  # another process failed it and retries it: this attempt is void
+            reason = "its lease ran out while it trained; another process retried it"
+            close_trial_run(self.ctx.tracker, live.run_id, TrialState.INTERRUPTED, reason)
+            return
+        self._publish(live, outcome, reason, frozen)
+
+    def _retry(self, live: LiveTrial, outcome: Outcome) -> None:
+        """An interrupted trial (its worker died, or it was preempted) goes back to be trained again."""
+        self.heartbeat.release(live.trial_id)
+        stored = rdb.stored(self.study, live.trial_id)
+        if outcome.failure == FailureKind.PREEMPTED:
+            why, resume = outcome.reason or "preempted", outcome.info.get("resume")
+            self.recovery.retry_preempted(stored, why, resume, outcome.history)
+        else:
+            self.recovery.retry_lost([(stored, outcome.reason or "")])
+        self.live.pop(outcome.number)
+
+    def _ending(self, live: LiveTrial, outcome: Outcome) -> tuple[str | None, list[float] | None]:
+        """The trial's reason (an out-of-memory one retried, a pruned one with the pruner's
+        figure) and its objective values (None unless complete); a complete trial whose
+        footprint could not be measured becomes failed."""
+        metric, reason = self.spec.objective.metric, outcome.reason
         fallback = outcome.info.get("fuse_fallback")
         if fallback and fallback not in self.noted:
             self.noted.add(fallback)
@@ -200,36 +236,10 @@ class LiveTrials:
         if complete and values is None:  # a footprint the trial could not measure
             outcome.state = TrialState.FAILED
             reason = f"objectives not measured: {', '.join(g.metric for g in self.spec.goals)}"
-        live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
-        info = {
-            "seed": live.config.seed,
-            "reason": reason,
-            "mlflow_run_id": live.run_id,
-            "history": outcome.history,
-            **outcome.info,
-            **({"failure": outcome.failure.value} if outcome.failure is not None else {}),
-        }
-        if values is not None:
-            info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
-            info["value"] = info["values"][metric]  # the primary objective's (the table's value)
-        frozen = None
-        self.heartbeat.release(live.trial_id)  # first: no beat writes its epochs meanwhile
-        if not live.lost:
-            try:  # its epochs, info, state and value: one transaction
-                frozen = rdb.finish(
-                    self.study, live.trial_id, OPTUNA_STATES[outcome.state], values, live.epochs, {INFO: info}
-                )
-            except UpdateFinishedTrialError:
-                live.lost = True
-        self.live.pop(outcome.number)
-        if frozen is None:  # another process failed it and retries it: this attempt is void
-            close_trial_run(
-                self.ctx.tracker,
-                live.run_id,
-                TrialState.INTERRUPTED,
-                "its lease ran out while it trained; another process retried it",
-            )
-            return
+        return reason, values
+
+    def _publish(self, live: LiveTrial, outcome: Outcome, reason: str | None, frozen: Any) -> None:
+        """A stored trial's end, to MLflow, the breaker, its checkpoint's place and the observer."""
         close_trial_run(self.ctx.tracker, live.run_id, outcome.state, reason, outcome.error, outcome.info)
         log_sweep_dataset(self.ctx.tracker, self.spec, self.ctx.sweep, outcome.info)
         finished = record(frozen)

@@ -141,7 +141,7 @@ def trainable(config: dict[str, Any], context: Context) -> None:
                 last.update(metrics, epoch=epoch)  # reported below, together with the final checkpoint
             return False  # Tune stops trials itself (see the module docstring)
 
-        outcome = execute(task, decide, cache=WORKER_CACHE)
+        (outcome,) = execute([task], decide, cache=WORKER_CACHE)
         close_trial_run(tracker, run_id, outcome.state, outcome.reason, outcome.error, outcome.info)
         log_sweep_dataset(tracker, task.spec, context.sweep, outcome.info)
         if outcome.state != TrialState.COMPLETE:
