@@ -74,10 +74,9 @@ MAX_LINES, MAX_PARAMETERS = 60, 8
 OVER = {
     "sweeper/cli/sweeps.py::worker": (65, 11),
     "sweeper/cli/sweeps.py::submit": (48, 10),
-    "sweeper/search/ray/trial.py::trainable": (75, 2),
     "sweeper/trial/build.py::run_trial": (37, 9),
     "sweeper/trial/lr_finder.py::range_test": (48, 9),
-    "sweeper/trial/trainer.py::fit": (56, 13),
+    "sweeper/trial/trainer.py::fit": (45, 13),
 }
 
 

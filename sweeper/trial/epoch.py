@@ -1,14 +1,17 @@
-"""How an epoch ends, the same for a trial trained alone (trainer.py) and for each member of a
-fused model (fused.py): the clock and the device's peak memory, the non-finite guard, the
-schedule stepped on the validation loss, and the metrics a trial reports (its history, the
-pruner's input, MLflow's per-epoch metrics). Pure PyTorch: no optuna, mlflow or ray here."""
+"""The epoch loop, the same for a trial trained alone (trainer.py) and for a fused model's
+members (fused.py): ``run_epochs`` drives either through the ``Trainee`` protocol, and
+``close_epoch`` ends each trial's epoch alike: the non-finite guards, the schedule stepped on the
+validation loss, and the metrics a trial reports (its history, the pruner's input, MLflow's
+per-epoch metrics), with the epoch's clock and the device's peak memory. Pure PyTorch: no
+optuna, mlflow or ray here."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -61,6 +64,44 @@ class Schedule:
 
     optimizer: torch.optim.Optimizer
     scheduler: Any
+
+
+Sums = TypeVar("Sums")  # what a trainee's epoch of steps gives: TrainSums, or each member's
+Val = TypeVar("Val")  # what its validation gives: the metrics, or each member's
+
+
+class Trainee(Protocol[Sums, Val]):
+    """What ``run_epochs`` drives: one trial (trainer.py) or a fused model's members (fused.py)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where it trains (the epoch's clock reads its peak memory there)."""
+
+    def running(self) -> bool:
+        """Whether anything is left to train (a fused model's members may all have left)."""
+
+    def train_epoch(self, epoch: int) -> Sums:
+        """The epoch's optimizer steps; their sums."""
+
+    def validate(self) -> Val:
+        """The validation split's metrics."""
+
+    def end_epoch(self, epoch: int, sums: Sums, val: Val, clock: EpochClock) -> None:
+        """The epoch's end (close_epoch), its training state handed out and its report."""
+
+
+def run_epochs(trainee: Trainee[Sums, Val], epochs: Iterable[int]) -> None:
+    """Train, validate and end each of ``epochs`` while the trainee has something running."""
+    for epoch in epochs:
+        if not trainee.running():
+            return
+        clock = EpochClock(trainee.device)
+        sums = trainee.train_epoch(epoch)
+        if not trainee.running():
+            return
+        val = trainee.validate()
+        clock.stop()
+        trainee.end_epoch(epoch, sums, val, clock)
 
 
 def close_epoch(

@@ -28,7 +28,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -40,12 +40,23 @@ from sweeper.states import TrialState
 from sweeper.trial import checkpoint, fused_forward, speed
 from sweeper.trial.batching import eval_batches, steps_per_epoch
 from sweeper.trial.build import ProcessCache, TrialConfig, TrialParts, build
-from sweeper.trial.epoch import EpochClock, Schedule, TrainSums, check_now, close_epoch, steps_per_step
+from sweeper.trial.epoch import (
+    EpochClock,
+    Schedule,
+    TrainSums,
+    check_now,
+    close_epoch,
+    run_epochs,
+    steps_per_step,
+)
 from sweeper.trial.fused_forward import NotFusable
 from sweeper.trial.fused_optim import StackedOptimizer, why_not_stacked
 from sweeper.trial.time_limit import TrialTimedOut
 from sweeper.trial.trainer import amp_dtype, resolve_device
 
+T = TypeVar("T")
+# each member's numbers by its row: its place in FusedGroup.members (the order of the configs)
+ByRow = dict[int, T]
 # report(member index, epoch, metrics): may raise TrialPruned for that member only
 MemberReport = Callable[[int, int, dict[str, float]], None]
 # Settings every member of a group must share: they fix the shapes and the sequence of steps.
@@ -290,10 +301,7 @@ def fit_fused(
         )
         for member in members:
             member.engine = group.engine.kind
-        for epoch in range(1, train.epochs + 1):
-            if not group.active:
-                break
-            _epoch(group, epoch, report)
+        run_epochs(_Members(group, report, device), range(1, train.epochs + 1))
     except Exception as exc:  # the members that had left (pruned, failed) keep their end: the caller's to read
         exc.fused_members = members  # type: ignore[attr-defined]
         raise
@@ -311,34 +319,47 @@ def _tensors(member: Member) -> DataSplits:
     return member.parts.data
 
 
-def _epoch(group: FusedGroup, epoch: int, report: MemberReport) -> None:
-    """One epoch of every running member: its steps, its validation, its end (epoch.py, as a
-    solo trial's) and its report; a member pruned or failed leaves, the others go on."""
-    clock = EpochClock(_tensors(group.active[0]).train_x.device)  # the group's seconds and peak memory
-    sums = _train_epoch(group, epoch)
-    if not group.active:
-        return
-    val = _validate(group)
-    clock.stop()
-    left = False
-    for member in group.active:
-        row = group.members.index(member)
-        try:
-            schedule = Schedule(member.parts.optimizer, member.parts.scheduler)
-            metrics = close_epoch(epoch, sums[row], val[row], schedule, clock)
-            member.history.append(metrics)
-            report(row, epoch, metrics)
-        except TrialPruned as exc:
-            member.state, member.reason, left = TrialState.PRUNED, str(exc), True
-        except TrialTimedOut:  # the fused model's time is up: every running member stops (execute.py)
-            raise
-        except TrialFailed as exc:
-            member.state, member.reason, left = TrialState.FAILED, str(exc), True
-    if left and group.active:
-        group.restack()
+@dataclass
+class _Members:
+    """A fused model's running members as epoch.py's loop drives them (a Trainee): each epoch's
+    steps and validation are the group's; each member ends its epoch as a solo trial does and
+    reports it, and a member pruned or failed leaves while the others go on."""
+
+    group: FusedGroup
+    report: MemberReport
+    device: torch.device
+
+    def running(self) -> bool:
+        return bool(self.group.active)
+
+    def train_epoch(self, epoch: int) -> ByRow[TrainSums]:
+        return _train_epoch(self.group, epoch)
+
+    def validate(self) -> ByRow[dict[str, float]]:
+        return _validate(self.group)
+
+    def end_epoch(
+        self, epoch: int, sums: dict[int, TrainSums], val: dict[int, dict[str, float]], clock: EpochClock
+    ) -> None:
+        group, left = self.group, False
+        for member in group.active:
+            row = group.members.index(member)
+            try:
+                schedule = Schedule(member.parts.optimizer, member.parts.scheduler)
+                metrics = close_epoch(epoch, sums[row], val[row], schedule, clock)  # the group's seconds
+                member.history.append(metrics)
+                self.report(row, epoch, metrics)
+            except TrialPruned as exc:
+                member.state, member.reason, left = TrialState.PRUNED, str(exc), True
+            except TrialTimedOut:  # the fused model's time is up: every running member stops (execute.py)
+                raise
+            except TrialFailed as exc:
+                member.state, member.reason, left = TrialState.FAILED, str(exc), True
+        if left and group.active:
+            group.restack()
 
 
-def _train_epoch(group: FusedGroup, epoch: int) -> dict[int, TrainSums]:
+def _train_epoch(group: FusedGroup, epoch: int) -> ByRow[TrainSums]:
     """One epoch's optimizer steps of the running members (each its own batch order, as solo);
     their sums, by row (place in group.members), for those still running at its end."""
     data, train = _tensors(group.active[0]), group.active[0].config.spec.train
@@ -424,7 +445,7 @@ def _fail_non_finite(group: FusedGroup, loss: torch.Tensor, epoch: int, step: in
         group.restack()
 
 
-def _validate(group: FusedGroup) -> dict[int, dict[str, float]]:
+def _validate(group: FusedGroup) -> ByRow[dict[str, float]]:
     """Each running member's validation metrics (its task's meter), by row: every member
     predicts the same batches, as the solo trainer's evaluate."""
     engine, members = group.engine, group.active

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from sweeper.spec import DataSpec, TrainSpec
 from sweeper.trial import checkpoint, speed
 from sweeper.trial.batching import eval_batches, train_batches
 from sweeper.trial.ddp import Ranks, marked_last, no_sync
-from sweeper.trial.epoch import EpochClock, Schedule, TrainSums, check_now, close_epoch, steps_per_step
+from sweeper.trial.epoch import EpochClock, Schedule, TrainSums, check_now, close_epoch, run_epochs, steps_per_step
 from sweeper.trial.loading import Batch, LoaderSettings, TrialLoaders, forward
 
 Report = Callable[[int, dict[str, float]], None]
@@ -122,9 +122,10 @@ class Stepper:
 
 @dataclass
 class _Loop:
-    """What fit's epochs work with: ``net`` trains (``model`` itself, or its compiled forward;
-    under DDP with ``ranks``), ``evaluated`` is evaluated (outside DDP); the batches come from
-    ``loaders`` (the DataLoader path) or by index from the whole-tensor splits."""
+    """One trial as epoch.py's loop drives it (a Trainee): ``net`` trains (``model`` itself, or
+    its compiled forward; under DDP with ``ranks``), ``evaluated`` is evaluated (outside DDP); the
+    batches come from ``loaders`` (the DataLoader path) or by index from the whole-tensor splits;
+    each epoch's metrics go to ``history`` and ``report``, its training state to ``on_epoch_end``."""
 
     net: nn.Module
     evaluated: nn.Module
@@ -137,6 +138,98 @@ class _Loop:
     loaders: TrialLoaders | None
     seed: int
     ranks: Ranks | None
+    report: Report
+    on_epoch_end: OnEpochEnd | None
+    history: list[dict[str, float]] = field(default_factory=list)
+    base_lrs: list[float] = field(default_factory=list)  # the param groups' LRs before training
+
+    @property
+    def device(self) -> torch.device:
+        return self.stepper.device
+
+    def restore(self, resume: checkpoint.Resume | None) -> int:
+        """Continue from ``resume`` if given (model, optimizer, schedule, scaler, generators and
+        history); the first epoch to train."""
+        self.base_lrs = [group["lr"] for group in self.schedule.optimizer.param_groups]
+        if resume is None:
+            return 1
+        self.base_lrs = checkpoint.restore(
+            resume,
+            model=self.model,
+            optimizer=self.schedule.optimizer,
+            scheduler=self.schedule.scheduler,
+            scaler=self.stepper.scaler,
+            generators=self.generators,
+        )
+        self.history = [dict(h) for h in resume.state["history"]]
+        return int(resume.state["epoch"]) + 1
+
+    def running(self) -> bool:
+        return True  # a trial that stops raises (pruned, failed)
+
+    def train_epoch(self, epoch: int) -> TrainSums:
+        """One epoch's optimizer steps; TrialFailed as soon as the summed loss is not finite. Under
+        DDP the sums are every rank's samples (the gradient norm is the same on each: reduced grads)."""
+        stepper, ranks, device = self.stepper, self.ranks, self.stepper.device
+        if ranks is not None:
+            ranks.reseed(self.seed, epoch)
+        self.net.train()
+        loss_sum = torch.zeros((), device=device)
+        norm_sum = torch.zeros((), device=device)
+        meter = stepper.task.meter("train")
+        seen = steps = 0
+        for batch in self._batches():
+            batch_loss, norm = stepper.step(batch, meter)
+            if steps_per_step(self.schedule.scheduler):
+                self.schedule.scheduler.step()
+            loss_sum += batch_loss
+            norm_sum += norm.float()
+            seen += len(batch)
+            steps += 1
+            if check_now(device, steps) and not torch.isfinite(loss_sum):
+                raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
+        if ranks is None:
+            return TrainSums(loss_sum.item(), norm_sum.item(), seen, steps, meter.compute())
+        sums = torch.tensor([0.0, float(seen)], dtype=torch.float64, device=device)
+        sums[0] = loss_sum
+        loss_total, total = ranks.sum(sums)
+        return TrainSums(loss_total.item(), norm_sum.item(), round(total.item()), steps, ranks.mean(meter.compute()))
+
+    def _batches(self) -> Iterator[torch.Tensor] | Iterator[Batch]:
+        """The epoch's batches: a loader's, or index batches over the whole-tensor splits (this
+        rank's share of each under DDP)."""
+        if self.loaders is not None:
+            return self.loaders.train_epoch()
+        assert isinstance(self.data, DataSplits)
+        batches = train_batches(self.data, self.train.batch_size, self.generators["order"])
+        return batches if self.ranks is None else map(self.ranks.shard, batches)
+
+    def validate(self) -> dict[str, float]:
+        """The task's validation metrics; under DDP rank 0 evaluates the whole split (exact, as
+        one device does) and the others wait for its numbers."""
+        stepper, ranks = self.stepper, self.ranks
+        if ranks is not None and not ranks.main:
+            return ranks.share(None)
+        val = evaluate(self.evaluated, self.data, self.train.eval_batch_size, stepper.dtype, stepper.task, self.loaders)
+        return val if ranks is None else ranks.share(val)
+
+    def end_epoch(self, epoch: int, sums: TrainSums, val: dict[str, float], clock: EpochClock) -> None:
+        metrics = close_epoch(epoch, sums, val, self.schedule, clock)
+        self.history.append(metrics)
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(
+                checkpoint.capture(
+                    model=self.model,
+                    optimizer=self.schedule.optimizer,
+                    scheduler=self.schedule.scheduler,
+                    scaler=self.stepper.scaler,
+                    generators=self.generators,
+                    epoch=epoch,
+                    history=self.history,
+                    base_lrs=self.base_lrs,
+                )
+            )
+        self.report(epoch, metrics)
 
 
 def fit(
@@ -162,125 +255,50 @@ def fit(
     options when ``data`` is DatasetSplits (default: the spec's defaults). ``ranks``: this
     process is one of a DDP trial's (trial/ddp.py): it trains its share of each batch."""
     # train.compile: the forward runs compiled (checkpoints keep the plain model's state)
-    if train.compile:
-        net = (compiled if compiled is not None else speed.CompiledForwards()).model(model)
-    else:
-        net = model
+    net = (compiled if compiled is not None else speed.CompiledForwards()).model(model) if train.compile else model
     evaluated = net  # rank 0 evaluates with the plain (or compiled) module, outside DDP
     if ranks is not None:
         net = ranks.wrap(net, train.sync_batchnorm)
     stepper = Stepper(net, optimizer, data, train, seed, task)
     order_gen = torch.Generator().manual_seed(seed)  # batch order
     loaders = None
-    if isinstance(data, DatasetSplits):
-        settings = LoaderSettings.resolve(loading if loading is not None else DataSpec(), stepper.device)
-        loaders = TrialLoaders(
-            data,
-            settings,
-            batch_size=train.batch_size,
-            eval_batch_size=train.eval_batch_size,
-            order=order_gen,
-            seed=seed,
-            device=stepper.device,
-            ranks=ranks,
-        )
+    if isinstance(data, DatasetSplits):  # the DataLoader path
+        loaders = _loaders(data, train, loading, order_gen, seed, stepper.device, ranks)
     generators = {"order": order_gen, "augment": stepper.augment_gen}
     if loaders is not None:
         generators["loader_workers"] = loaders.worker_gen
+    schedule = Schedule(optimizer, scheduler)
     loop = _Loop(
-        net, evaluated, model, Schedule(optimizer, scheduler), data, train, stepper, generators, loaders, seed, ranks
+        net, evaluated, model, schedule, data, train, stepper, generators, loaders, seed, ranks, report, on_epoch_end
     )
     try:
-        return _fit_epochs(loop, report, resume, on_epoch_end)
+        run_epochs(loop, range(loop.restore(resume), train.epochs + 1))
+        return loop.history
     finally:
         if loaders is not None:
             loaders.close()
 
 
-def _fit_epochs(
-    loop: _Loop, report: Report, resume: checkpoint.Resume | None, on_epoch_end: OnEpochEnd | None
-) -> list[dict[str, float]]:
-    """fit's epochs: each trains, validates and ends as epoch.py says (a fused member's too)."""
-    optimizer, scheduler, scaler = loop.schedule.optimizer, loop.schedule.scheduler, loop.stepper.scaler
-    history: list[dict[str, float]] = []
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    if resume is not None:
-        base_lrs = checkpoint.restore(
-            resume,
-            model=loop.model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            scaler=scaler,
-            generators=loop.generators,
-        )
-        history = [dict(h) for h in resume.state["history"]]
-    for epoch in range(resume.state["epoch"] + 1 if resume else 1, loop.train.epochs + 1):
-        clock = EpochClock(loop.stepper.device)
-        sums = _train_epoch(loop, epoch)
-        metrics = close_epoch(epoch, sums, _validate(loop), loop.schedule, clock)
-        history.append(metrics)
-        if on_epoch_end is not None:
-            on_epoch_end(
-                checkpoint.capture(
-                    model=loop.model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    scaler=scaler,
-                    generators=loop.generators,
-                    epoch=epoch,
-                    history=history,
-                    base_lrs=base_lrs,
-                )
-            )
-        report(epoch, metrics)
-    return history
-
-
-def _train_epoch(loop: _Loop, epoch: int) -> TrainSums:
-    """One epoch's optimizer steps; TrialFailed as soon as the summed loss is not finite. Under
-    DDP the sums are every rank's samples (the gradient norm is the same on each: reduced grads)."""
-    stepper, ranks, device = loop.stepper, loop.ranks, loop.stepper.device
-    if ranks is not None:
-        ranks.reseed(loop.seed, epoch)
-    loop.net.train()
-    loss_sum = torch.zeros((), device=device)
-    norm_sum = torch.zeros((), device=device)
-    meter = stepper.task.meter("train")
-    seen = steps = 0
-    batches: Iterator[torch.Tensor] | Iterator[Batch]
-    if loop.loaders is not None:
-        batches = loop.loaders.train_epoch()
-    else:
-        assert isinstance(loop.data, DataSplits)
-        batches = train_batches(loop.data, loop.train.batch_size, loop.generators["order"])
-        if ranks is not None:
-            batches = map(ranks.shard, batches)
-    for batch in batches:
-        batch_loss, norm = stepper.step(batch, meter)
-        if steps_per_step(loop.schedule.scheduler):
-            loop.schedule.scheduler.step()
-        loss_sum += batch_loss
-        norm_sum += norm.float()
-        seen += len(batch)
-        steps += 1
-        if check_now(device, steps) and not torch.isfinite(loss_sum):
-            raise TrialFailed(f"non-finite loss at epoch {epoch}, step {steps}")
-    if ranks is None:
-        return TrainSums(loss_sum.item(), norm_sum.item(), seen, steps, meter.compute())
-    sums = torch.tensor([0.0, float(seen)], dtype=torch.float64, device=device)
-    sums[0] = loss_sum
-    loss_total, total = ranks.sum(sums)
-    return TrainSums(loss_total.item(), norm_sum.item(), round(total.item()), steps, ranks.mean(meter.compute()))
-
-
-def _validate(loop: _Loop) -> dict[str, float]:
-    """The task's validation metrics; under DDP rank 0 evaluates the whole split (exact, as one
-    device does) and the others wait for its numbers."""
-    stepper, ranks = loop.stepper, loop.ranks
-    if ranks is not None and not ranks.main:
-        return ranks.share(None)
-    val = evaluate(loop.evaluated, loop.data, loop.train.eval_batch_size, stepper.dtype, stepper.task, loop.loaders)
-    return val if ranks is None else ranks.share(val)
+def _loaders(
+    data: DatasetSplits,
+    train: TrainSpec,
+    loading: DataSpec | None,
+    order: torch.Generator,
+    seed: int,
+    device: torch.device,
+    ranks: Ranks | None,
+) -> TrialLoaders:
+    """A trial's DataLoaders, with the spec's data options (``loading``; default: the defaults)."""
+    return TrialLoaders(
+        data,
+        LoaderSettings.resolve(loading if loading is not None else DataSpec(), device),
+        batch_size=train.batch_size,
+        eval_batch_size=train.eval_batch_size,
+        order=order,
+        seed=seed,
+        device=device,
+        ranks=ranks,
+    )
 
 
 def evaluate(

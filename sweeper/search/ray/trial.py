@@ -28,6 +28,7 @@ from sweeper.states import TrialState
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker
 from sweeper.trial.build import ProcessCache, TrialConfig
+from sweeper.trial.outcome import Outcome
 
 NUMBER = "sweeper.number"  # config key: the trial's number (OptunaSearch: its Optuna trial number)
 # Beside model.pt in each Tune checkpoint: whose state it is (trial id and number, MLflow run),
@@ -92,13 +93,9 @@ def trainable(config: dict[str, Any], context: Context) -> None:
     from ray import tune
 
     from sweeper.trial.execute import execute, saves_state
-    from sweeper.trial.seeding import trial_seed
 
-    base = context.spec
     trial_id = tune.get_context().get_trial_id()
     number = trial_number(config, trial_id)
-    params = trial_params(base.search.space, config)
-    spec = base.with_values(params)
     node_id = ray.get_runtime_context().get_node_id()
     # its writes wait in the sweep's folder while MLflow is away (a folder of this machine)
     tracker = Tracker(context.tracking_uri, context.experiment, Path(context.sweep.out_dir) / JOURNAL)
@@ -106,17 +103,8 @@ def trainable(config: dict[str, Any], context: Context) -> None:
         out, start = Path(tmp) / "out", Path(tmp) / "start"  # what this trial reports; where it starts
         out.mkdir()
         previous = _fetch(tune.get_checkpoint(), start)
-        task = TrialConfig(
-            number,
-            trial_seed(base.seed, number),
-            params,
-            spec,
-            context.threads,
-            str(out / MODEL),
-            checkpoint_every=context.checkpoint_every,
-            resume=str(start / MODEL) if previous else None,
-            new_hyperparameters=previous is not None and previous["trial_id"] != trial_id,
-        )
+        task = _trial_config(context, number, trial_params(context.spec.search.space, config), Path(tmp), previous)
+        spec = task.spec
         lineage = _open_run(tracker, context, task, previous, trial_id, {"ray_node_id": node_id})
         run_id = lineage["mlflow_run_id"]
         ids = {"sweeper_number": number, "mlflow_run_id": run_id or "", "node_id": node_id}
@@ -148,18 +136,43 @@ def trainable(config: dict[str, Any], context: Context) -> None:
             raise TrialError(outcome.reason)
         last = last or {**lineage["history"][-1], "epoch": spec.train.epochs}  # resumed with nothing left to do
         # done: Tune stops the trial here; without it PBT could pause it at this result and resume it later
-        tune.report(
-            {
-                **last,
-                **ids,
-                **outcome.info.get("footprint", {}),
-                "sweeper_state": TrialState.COMPLETE.value,
-                "seconds": outcome.info["seconds"],
-                "device": outcome.info["device"],
-                "done": True,
-            },
-            checkpoint=checkpoint(spec.train.epochs),
-        )
+        tune.report(_done(last, ids, outcome), checkpoint=checkpoint(spec.train.epochs))
+
+
+def _trial_config(
+    context: Context, number: int, params: dict[str, Any], folder: Path, previous: dict[str, Any] | None
+) -> TrialConfig:
+    """The trial's config: its model.pt saved in ``folder``/out, resumed from ``folder``/start
+    when Tune handed it a checkpoint (``previous``: its meta.json; new hyperparameters when it
+    is a PBT donor's, another trial's)."""
+    from ray import tune
+
+    from sweeper.trial.seeding import trial_seed
+
+    return TrialConfig(
+        number,
+        trial_seed(context.spec.seed, number),
+        params,
+        context.spec.with_values(params),
+        context.threads,
+        str(folder / "out" / MODEL),
+        checkpoint_every=context.checkpoint_every,
+        resume=str(folder / "start" / MODEL) if previous else None,
+        new_hyperparameters=previous is not None and previous["trial_id"] != tune.get_context().get_trial_id(),
+    )
+
+
+def _done(last: dict[str, Any], ids: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The complete trial's last report to Tune: its last epoch's metrics, ids and footprint."""
+    return {
+        **last,
+        **ids,
+        **outcome.info.get("footprint", {}),
+        "sweeper_state": TrialState.COMPLETE.value,
+        "seconds": outcome.info["seconds"],
+        "device": outcome.info["device"],
+        "done": True,
+    }
 
 
 def _fetch(checkpoint: Any, folder: Path) -> dict[str, Any] | None:
