@@ -28,13 +28,13 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from sweeper.errors import TrialFailed, TrialPruned
-from sweeper.plugin import FUSABLE_ATTR, DataSplits
+from sweeper.plugin import FUSABLE_ATTR, DataSplits, Meter
 from sweeper.pluginhost import registry
 from sweeper.states import TrialState
 from sweeper.trial import checkpoint, fused_forward, speed
@@ -338,9 +338,7 @@ class _Members:
     def validate(self) -> ByRow[dict[str, float]]:
         return _validate(self.group)
 
-    def end_epoch(
-        self, epoch: int, sums: dict[int, TrainSums], val: dict[int, dict[str, float]], clock: EpochClock
-    ) -> None:
+    def end_epoch(self, epoch: int, sums: ByRow[TrainSums], val: ByRow[dict[str, float]], clock: EpochClock) -> None:
         group, left = self.group, False
         for member in group.active:
             row = group.members.index(member)
@@ -403,7 +401,7 @@ def _micro_step(
     members: list[Member],
     micro: torch.Tensor,
     weight: float,
-    meters: dict[int, Any],
+    meters: ByRow[Meter],
     first: bool,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The forward and backward of one micro-batch, ``micro`` (members, samples) the rows of
