@@ -19,6 +19,7 @@ from rich.markup import escape
 from sweeper.cli import queue as queue_commands
 from sweeper.cli.base import AUTO, OVERRIDES, SPEC, app, err, user_errors
 from sweeper.errors import UserError
+from sweeper.phases import phase
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ def run(
     from sweeper.spec import load
     from sweeper.track.progress import QuietObserver, RichObserver
 
-    sweep = load(spec, overrides or [], auto=auto)
+    with phase("resolve"):
+        sweep = load(spec, overrides or [], auto=auto)
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -246,8 +248,9 @@ def validate(
     from sweeper.pluginhost.binding import provenance
     from sweeper.spec import load
 
-    loaded = load(spec, overrides or [], auto=auto)
-    resolved = resolve_sweep(loaded, size=sized_space.size, before_build=_check_earlier)  # as `sweeper run` resolves it
+    with phase("resolve"):
+        loaded = load(spec, overrides or [], auto=auto)
+        resolved = resolve_sweep(loaded, size=sized_space.size, before_build=_check_earlier)  # as `sweeper run` does
     sweep = resolved.spec
     typer.echo(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False).rstrip())
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")

@@ -27,6 +27,7 @@ import torch
 from pydantic import ValidationError
 
 from sweeper.errors import UserError
+from sweeper.phases import phase
 from sweeper.plan import sized_space, strategy
 from sweeper.plan.preflight import DryBuild, dry_build
 from sweeper.plan.sized_space import Sized
@@ -80,7 +81,8 @@ def resolve_sweep(
     check_plugins(spec)
     if before_build is not None:
         before_build(spec)
-    dry = dry_build(spec) if build else None
+    with phase("dry build"):
+        dry = dry_build(spec) if build else None
     return Resolved(spec, derived, changes, chosen.choices, notes(spec), dry)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import UserError
+from sweeper.phases import phase
 from sweeper.review import plots as search_plots
 from sweeper.review.study_view import study_of
 from sweeper.spec import SweepSpec
@@ -44,7 +45,8 @@ class Drawing:
     def _draw(self) -> None:
         try:
             primary = [g.metric for g in self.spec.goals].index(self.spec.objective.metric)
-            self.made = search_plots.make(study_of(self.spec, self.records), self.folder / "plots", primary)
+            with phase("plots"):
+                self.made = search_plots.make(study_of(self.spec, self.records), self.folder / "plots", primary)
         except BaseException as exc:  # for finish, on the caller's thread
             self.error = exc
 

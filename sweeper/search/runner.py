@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from sweeper.errors import UserError
 from sweeper.files import remove_stale_temps, write_atomic
+from sweeper.phases import phase
 from sweeper.plan import sized_space
 from sweeper.plan.resolve import resolve_sweep
 from sweeper.plan.sized_space import Sized
@@ -177,12 +178,13 @@ def run_sweep(
         # the one resolve step (plan/resolve.py); sized by `sweeper run` only (a worker joining with
         # --study reads the sized spec the sweep stored); the data prepared once and each plugin
         # choice built on the CPU before any file, run or trial (a queue's worker: on its first visit)
-        resolved = resolve_sweep(
-            spec,
-            size=(lambda derived: _sized(derived, out_dir, cache)) if role == Role.RUN else None,
-            before_build=before_build,
-            build=visit is None or not visit.checked,
-        )
+        with phase("resolve"):
+            resolved = resolve_sweep(
+                spec,
+                size=(lambda derived: _sized(derived, out_dir, cache)) if role == Role.RUN else None,
+                before_build=before_build,
+                build=visit is None or not visit.checked,
+            )
         spec = resolved.spec
         for change in resolved.sized or []:
             print(f"note: {change}", file=sys.stderr)
@@ -193,7 +195,8 @@ def run_sweep(
         out_dir.mkdir(parents=True, exist_ok=True)
         with folder_lock(out_dir) if role != Role.WORKER else contextlib.nullcontext():
             kept = visit.store if visit is not None else None
-            store = kept if kept is not None else searcher.store(spec, out_dir)
+            with phase("storage"):
+                store = kept if kept is not None else searcher.store(spec, out_dir)
             try:
                 serving = Serving(out_dir, observer, role, searcher, store, cache, prestarted, visit)
                 return _serve(spec, serving, resolved.sized)
@@ -262,17 +265,19 @@ def _serve(spec: SweepSpec, serving: Serving, sized: list[str] | None) -> dict[s
     out_dir, role = serving.out_dir, serving.role
     if role != Role.WORKER:
         write_atomic(out_dir / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-    tracker = tracker_for(spec, out_dir)
-    _send_journals(tracker, out_dir, "start")
-    serving.observer.started(spec, out_dir)
-    prepared = serving.store.prepare(
-        spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, serving.observer, serving.cache)
-    )
-    if not prepared.fresh and role != Role.WORKER:
-        tracker.resume_run(prepared.parent_run_id)
+    with phase("tracker"):
+        tracker = tracker_for(spec, out_dir)
+        _send_journals(tracker, out_dir, "start")
+        serving.observer.started(spec, out_dir)
+        prepared = serving.store.prepare(
+            spec, role, redact(tracker.uri), lambda: _prepare(spec, out_dir, tracker, serving.observer, serving.cache)
+        )
+        if not prepared.fresh and role != Role.WORKER:
+            tracker.resume_run(prepared.parent_run_id)
     spec = prepared.apply(spec)  # the LR finder may have narrowed the space
     started = time.perf_counter()
-    result = _search(spec, serving, tracker, prepared)
+    with phase("trials"):
+        result = _search(spec, serving, tracker, prepared)
     if role == Role.WORKER:
         _send_journals(tracker, out_dir, "end")
         return {
@@ -283,7 +288,8 @@ def _serve(spec: SweepSpec, serving: Serving, sized: list[str] | None) -> dict[s
             "best": None,
             "trials": [],
         }
-    summary = _finish(spec, result, serving, tracker, prepared)
+    with phase("summary"):
+        summary = _finish(spec, result, serving, tracker, prepared)
     summary["search_seconds"] = time.perf_counter() - started  # this invocation's search, wall time
     if sized is not None:
         summary["auto_space_sized"] = sized
@@ -343,8 +349,9 @@ def _export_and_record(
     out_dir = serving.out_dir
     parent = summary["mlflow"]["parent_run_id"]  # its real MLflow id (_finish)
     files = [out_dir / "spec.yaml"]
-    chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, serving.cache.data)
-    chosen, test = _score_chosen(spec, summary, out_dir, chosen)  # before the report draws the summary
+    with phase("test score"):
+        chosen = _chosen(spec, summary["best"], out_dir, tracker, result.records, serving.cache.data)
+        chosen, test = _score_chosen(spec, summary, out_dir, chosen)  # before the report draws the summary
     drawing = _review(summary, out_dir)  # the plots, drawn while the export runs
     if summary["best"] is not None and spec.export.formats:
         if isinstance(chosen, Chosen):
@@ -355,10 +362,12 @@ def _export_and_record(
         files += exported
     summary_path = out_dir / "summary.json"
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    reviewed = _reviewed(drawing, summary)  # [report, *plots], or none
+    with phase("report"):
+        reviewed = _reviewed(drawing, summary)  # [report, *plots], or none
     report, plots = (reviewed[0], reviewed[1:]) if reviewed else (None, [])
-    end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
-    _send_journals(tracker, out_dir, "end")
+    with phase("end"):
+        end_sweep_run(tracker, parent, summary, [summary_path, *files, *([report] if report else [])], plots)
+        _send_journals(tracker, out_dir, "end")
     return summary
 
 
@@ -557,14 +566,15 @@ def handoff(
         "checkpoint": best["checkpoint"],
         "objective": best["values"],
     }
-    handed: dict[str, Any] = {
-        "export": export.export_model(model, data, out_dir, spec.export, source=source, task=task, test=test)
-    }
+    with phase("export"):
+        exported = export.export_model(model, data, out_dir, spec.export, source=source, task=task, test=test)
+    handed: dict[str, Any] = {"export": exported}
     if parent is not None:
         try:
-            handed["registry"] = publish.register(
-                export.exportable(model, task), data, spec, str(tracker.uri), parent, best["values"], task.outputs
-            )
+            with phase("registry"):
+                handed["registry"] = publish.register(
+                    export.exportable(model, task), data, spec, str(tracker.uri), parent, best["values"], task.outputs
+                )
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])
