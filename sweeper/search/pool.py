@@ -388,11 +388,9 @@ def _worker_loop(index: int, conn: Connection, parent: int) -> None:
         conn.send(("epoch", (number, epoch, metrics)))
         return conn.recv()
 
-    import torch
+    from sweeper.trial import lazy_dynamo
 
-    # torch.optim's first use imports torch._dynamo (docs/speed.md#start-up): now, while the
-    # coordinator starts
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    lazy_dynamo.defer()  # torch.optim imports no torch._dynamo unless a trial compiles
     cache = ProcessCache()  # the data set and compiled forwards of this worker's trials, for its lifetime
     try:
         while (task := conn.recv()) is not None:

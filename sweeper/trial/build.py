@@ -18,7 +18,7 @@ from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import accepted_args
 from sweeper.pluginhost.tasks import make_task
 from sweeper.spec import SweepSpec
-from sweeper.trial import loading, speed
+from sweeper.trial import lazy_dynamo, loading, speed
 from sweeper.trial.batching import steps_per_epoch
 from sweeper.trial.checkpoint import Resume
 from sweeper.trial.ddp import Ranks
@@ -192,6 +192,7 @@ def model_args(factory: Any, args: dict[str, Any], data: DataSplits | DatasetSpl
 
 def build_optimizer(spec: SweepSpec, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer plugin over ``model``'s parameters; on CUDA, its fused kernels where it has them."""
+    lazy_dynamo.defer()  # no torch._dynamo import for an optimizer, unless something compiles
     factory = registry.get("optimizers", spec.optimizer.plugin)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     return factory(model.parameters(), **speed.optimizer_args(factory, spec.optimizer.args, device))
