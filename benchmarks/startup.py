@@ -54,7 +54,7 @@ COMMANDS: dict[str, list[str]] = {
     "demo": ["run", str(SPEC), "--out", "out", "-q"],
 }
 MAIN_ORDER = ["imports", "resolve", "dry build", "storage", "tracker", "trials", "summary", "test score"]
-MAIN_ORDER += ["export", "registry", "report", "end", "exit"]
+MAIN_ORDER += ["export", "registry wait", "report", "end", "exit", "other"]
 
 
 def sweeper_command() -> list[str]:
@@ -86,13 +86,14 @@ def phases_of(lines: list[dict], pid: int, launched: float, ended: float) -> dic
             if q is not p and q["start"] >= p["start"] and q["end"] <= p["end"] and not _inside_another(q, p, main)
         )
         out[p["phase"]] = out.get(p["phase"], 0.0) + (p["end"] - p["start"]) - inner
-    for p in mine:
-        if p["thread"] != "MainThread":
+    for p in lines:
+        if p["pid"] != pid or p["thread"] != "MainThread":  # other threads and processes: overlapped
             key = f"[{p['phase']}]"
             out[key] = out.get(key, 0.0) + p["end"] - p["start"]
     if main:
-        out["imports"] = min(p["start"] for p in main) - launched
+        out["imports"] = out.get("imports", 0.0) + min(p["start"] for p in main) - launched
         out["exit"] = ended - max(p["end"] for p in main)
+        out["other"] = ended - launched - sum(v for k, v in out.items() if not k.startswith("["))
     else:
         out["imports"] = ended - launched
     return out

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sweeper.cli import queue as queue_commands
-from sweeper.cli.base import AUTO, OVERRIDES, SPEC, app, err, user_errors
+from sweeper.cli.base import AUTO, OVERRIDES, SPEC, app, err, run_app, user_errors
 from sweeper.errors import UserError
 from sweeper.phases import phase
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
@@ -36,12 +36,17 @@ def run(
     auto: bool = AUTO,
 ) -> None:
     """Run (or resume) a sweep."""
-    from sweeper.search import runner
+    from sweeper import export
     from sweeper.spec import load
-    from sweeper.track.progress import QuietObserver, RichObserver
 
     with phase("resolve"):
         sweep = load(spec, overrides or [], auto=auto)
+    # the export's helper processes start before this one imports torch, to be ready by the sweep's end
+    export.prestart(list(sweep.export.formats), register=sweep.tracking.enabled)
+    with phase("imports"):
+        from sweeper.search import runner
+        from sweeper.track.progress import QuietObserver, RichObserver
+
     observer = QuietObserver() if quiet else RichObserver()
     summary = runner.run_sweep(sweep, out or runner.default_out_dir(sweep), observer)
     observer.finish(summary)
@@ -526,7 +531,7 @@ def init(
 
 
 def main() -> None:
-    app(prog_name="sweeper")
+    run_app("sweeper")
 
 
 if __name__ == "__main__":

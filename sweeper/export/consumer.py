@@ -9,11 +9,12 @@ imports it. Copy it as a starting point for serving code.
 
 writes ``DIR/<key>.npy`` (the model's outputs for each input) and ``DIR/result.json``.
 
-    python -c "$(cat consumer.py)" --serve    # one job path per line on stdin, until stdin closes
+    python -c "$(cat consumer.py)" --serve [MODULE ...]  # one job path per line on stdin, until it closes
 
 runs each job as above and answers each line with one line on stdout: "ok", or "error: " and
 the exception (the parity check keeps one such process for all the files it checks: the cost
-of a new process, torch's import, is paid once).
+of a new process, torch's import, is paid once; a sweep starts it with the modules to import,
+torch or onnxruntime, while it trains, so that cost is off its end).
 
 A model of padded sequences (export.json's ``input`` has a ``mask``) takes ``x`` (N, L) or
 (N, C, L) and a bool ``mask`` (N, L), True where a position holds data: a job's input is then
@@ -104,9 +105,12 @@ def main(job_path):
         json.dump(result, f)
 
 
-def serve():
-    """Jobs from stdin, one path per line; one answer line per job on stdout."""
+def serve(warm=()):
+    """Jobs from stdin, one path per line; one answer line per job on stdout. ``warm``: modules
+    to import before the first job (torch, onnxruntime), while the process waits for it."""
     answers, sys.stdout = sys.stdout, sys.stderr  # what a model prints must not look like an answer
+    for name in warm:
+        __import__(name)
     for line in sys.stdin:
         try:
             main(line.strip())
@@ -118,4 +122,4 @@ def serve():
 
 
 if __name__ == "__main__":
-    serve() if sys.argv[1] == "--serve" else main(sys.argv[1])
+    serve(sys.argv[2:]) if sys.argv[1] == "--serve" else main(sys.argv[1])

@@ -9,6 +9,8 @@ import io
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,7 @@ from sweeper.export.inputs import Signature
 from sweeper.plugin import DatasetSplits, DataSplits
 from sweeper.spec import SweepSpec
 from sweeper.spec.objectives import Objective, choose
-from sweeper.track.mlflow import TAG
+from sweeper.track.mlflow import TAG, configure
 
 ALIAS = "champion"
 EXAMPLE_ROWS = 2  # > 1, so MLflow's torch.export keeps the batch dimension dynamic
@@ -26,6 +28,21 @@ PADDED_SKIP = (
     "not registered: the model takes padded sequences and their mask (x, mask), and MLflow's "
     "pytorch flavour passes its pyfunc one tensor; the exported files (export.json) take both"
 )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering a model takes, without its data set: made in the sweep's process, done
+    there or by the registrar's process (registrar.py), which gets it as a file."""
+
+    model: nn.Module  # as exported: with its task's head
+    input_shape: tuple[int, ...]
+    outputs: int  # its output width
+    example: np.ndarray  # EXAMPLE_ROWS validation inputs, float32
+    spec: SweepSpec
+    tracking_uri: str
+    run_id: str  # the sweep's run, which the model is logged to
+    values: dict[str, float]  # its objectives' values, by metric
 
 
 def register(
@@ -42,18 +59,42 @@ def register(
     and an input example) to the sweep's run ``run_id``, register it as a new version, and
     move the alias when ``values`` (its objectives' values, by metric) beat the champion's.
     A model of padded sequences is not registered (the result says why: ``skipped``)."""
-    from mlflow.tracking import MlflowClient
+    made = registration(model, data, spec, tracking_uri, run_id, values, outputs)
+    return publish(made) if isinstance(made, Registration) else made
 
+
+def registration(
+    model: nn.Module,
+    data: DataSplits | DatasetSplits,
+    spec: SweepSpec,
+    tracking_uri: str,
+    run_id: str,
+    values: dict[str, float],
+    outputs: int | None = None,
+) -> Registration | dict[str, Any]:
+    """What ``register`` registers, or its result already: a model of padded sequences is skipped."""
     name = spec.export.registered_name or spec.name
     if Signature.of(data).masked:
         return {"name": name, "skipped": PADDED_SKIP}
-    client = MlflowClient(tracking_uri)
     example = data.val_inputs(EXAMPLE_ROWS).detach().cpu().float().numpy()
-    logged = _log_model(client, tracking_uri, run_id, model, _signature(data, outputs), example)
-    _ensure_registered(client, name)
-    version = client.create_model_version(
-        name, logged.model_uri, run_id=run_id, tags=_version_tags(spec, values), model_id=logged.model_id
-    ).version
+    width = outputs or data.num_classes
+    return Registration(model, tuple(data.input_shape), width, example, spec, tracking_uri, run_id, values)
+
+
+def publish(made: Registration) -> dict[str, Any]:
+    """Log and register ``made`` (``register``'s second half; the registrar's process calls it)."""
+    from mlflow.tracking import MlflowClient
+
+    spec, values = made.spec, made.values
+    name = spec.export.registered_name or spec.name
+    client = MlflowClient(made.tracking_uri)
+    signature = _signature(made.input_shape, made.outputs)
+    with _tracking_uri(made.tracking_uri):
+        logged = _log_model(client, made.run_id, made.model, signature, made.example)
+        _ensure_registered(client, name)
+        version = client.create_model_version(
+            name, logged.model_uri, run_id=made.run_id, tags=_version_tags(spec, values), model_id=logged.model_id
+        ).version
     if len(spec.goals) > 1:
         moved, reason = _decide_front(client, name, spec, values)
     else:
@@ -69,42 +110,78 @@ def register(
     }
 
 
-def _signature(data: DataSplits | DatasetSplits, outputs: int | None) -> Any:
-    """The logged model's MLflow signature: float32 inputs of the data's shape, ``outputs`` (default
-    num_classes) float32 outputs, both for any batch size."""
+def warm() -> None:
+    """Import what ``publish`` uses and fill MLflow's map of the installed distributions, which
+    its check of the requirements reads (about 1 s on a 2-core CPU): the registrar's process
+    does it before its first job (registrar.py)."""
+    import tempfile
+
+    import mlflow.pytorch
+    import torch
+    import torch._dynamo  # noqa: F401 (torch.export's)
+    import torch.export  # noqa: F401
+
+    configure()
+    try:  # MLflow's private cache: what is missing in another version is then built in publish
+        from mlflow.utils import requirements_utils
+
+        requirements_utils._init_packages_to_modules_map()
+    except (ImportError, AttributeError):
+        pass
+    # a tiny model saved as publish saves one: torch.export's and MLflow's first-call costs paid now
+    tiny = torch.nn.Linear(2, 2)
+    with tempfile.TemporaryDirectory(prefix="sweeper-warm-") as folder:
+        example = np.zeros((EXAMPLE_ROWS, 2), dtype=np.float32)
+        with contextlib.redirect_stdout(io.StringIO()):
+            mlflow.pytorch.save_model(
+                tiny, f"{folder}/model", signature=_signature((2,), 2), input_example=example, **_SAVED
+            )
+
+
+def _signature(input_shape: tuple[int, ...], outputs: int) -> Any:
+    """The logged model's MLflow signature: float32 inputs of ``input_shape``, ``outputs`` float32
+    outputs, both for any batch size."""
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
     return ModelSignature(  # -1: any batch size
-        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *data.input_shape))]),
-        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, outputs or data.num_classes))]),
+        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, *input_shape))]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, outputs))]),
     )
 
 
-def _log_model(
-    client: Any, tracking_uri: str, run_id: str, model: nn.Module, signature: Any, example: np.ndarray
-) -> Any:
-    """Log ``model`` to run ``run_id`` (MLflow's pytorch flavour, saved with torch.export), with
-    MLflow's process-wide tracking URI and experiment set to the run's for the call only."""
+# how the model is saved: with torch.export, and its requirements given, so MLflow does not infer
+# them by loading the model in a subprocess
+_SAVED: dict[str, Any] = {
+    "serialization_format": "pt2",
+    "pip_requirements": [f"torch=={version('torch').split('+')[0]}"],
+}
+
+
+@contextlib.contextmanager
+def _tracking_uri(tracking_uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking URI set to the sweep's for the block: log_model has no
+    client form, and create_model_version finds the logged model (``models:/m-...``) through it
+    (the default, ./mlflow.db, is another store where the current folder is not the sweep's)."""
     import mlflow
-    import torch
 
     previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(tracking_uri)  # log_model has no client form; restored below
+    mlflow.set_tracking_uri(tracking_uri)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), _experiment_of(client, run_id):
-            return mlflow.pytorch.log_model(
-                model.eval().cpu(),
-                name="model",
-                signature=signature,
-                input_example=example,
-                serialization_format="pt2",
-                run_id=run_id,
-                # given, so MLflow does not infer them by loading the model in a subprocess
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            )
+        yield
     finally:
         mlflow.set_tracking_uri(previous)
+
+
+def _log_model(client: Any, run_id: str, model: nn.Module, signature: Any, example: np.ndarray) -> Any:
+    """Log ``model`` to run ``run_id`` (MLflow's pytorch flavour, saved with torch.export), with
+    MLflow's current experiment set to the run's for the call only."""
+    import mlflow
+
+    with contextlib.redirect_stdout(io.StringIO()), _experiment_of(client, run_id):
+        return mlflow.pytorch.log_model(
+            model.eval().cpu(), name="model", signature=signature, input_example=example, run_id=run_id, **_SAVED
+        )
 
 
 def _ensure_registered(client: Any, name: str) -> None:

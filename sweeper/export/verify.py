@@ -1,35 +1,30 @@
 """Prove an exported file computes what the eager model computes, from a process without sweeper.
 
 The eager model's outputs are computed once (``Reference``); each file is then loaded by
-``consumer.py``'s source text in a ``python -c`` process that never imports sweeper (``Consumer``),
+``consumer.py``'s source text in a ``python -c`` process that never imports sweeper (``consumer``),
 which reads the inputs from .npy files and writes its outputs back as .npy, and the two are
 compared here.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
-import os
-import select
-import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from sweeper.errors import TrialFailed
-from sweeper.export.inputs import Cases
+from sweeper.export import served
 
-CHECK_TIMEOUT_S = 600  # one file's reload + run; a hang must not hold the sweep forever
+if TYPE_CHECKING:  # torch is imported where a reference is computed: prestart must not wait for it
+    import torch
+    from torch import nn
+
+    from sweeper.export.inputs import Cases
 
 
 class ExportError(TrialFailed):
@@ -50,6 +45,8 @@ class Reference:
 
     @classmethod
     def compute(cls, model: nn.Module, cases: Cases, val_y: torch.Tensor, folder: Path) -> Reference:
+        import torch
+
         from sweeper.export.consumer import predict
 
         def eager(x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -81,7 +78,7 @@ def run_consumer(model_file: Path, ref: Reference) -> dict[str, Any]:
         inputs = ref.files
         job = Path(out) / "job.json"
         job.write_text(json.dumps({"model": str(model_file.resolve()), "inputs": inputs, "out": out}))
-        answer = Consumer.shared().run(job)
+        answer = consumer().run(job)
         if answer != "ok":
             raise ExportError(f"{model_file.name}: reloading in a Python process without sweeper failed ({answer})")
         result = json.loads((Path(out) / "result.json").read_text())
@@ -89,81 +86,22 @@ def run_consumer(model_file: Path, ref: Reference) -> dict[str, Any]:
     return result
 
 
-class Consumer:
-    """consumer.py's source text running in its own Python process (``--serve``), which never
-    imports sweeper: it loads and runs one exported file per job. One process serves every
-    check of this process (a new one costs seconds: Python, NumPy, torch), and a new one is
-    started after one that died or hung."""
+def consumer(warm: tuple[str, ...] = ()) -> served.Served:
+    """This process's consumer: consumer.py's source text in a Python process of its own
+    (``--serve``) that never imports sweeper and loads and runs one exported file per job. One
+    serves every check of this process (a new one costs seconds: Python, NumPy, torch)."""
+    source = Path(__file__).with_name("consumer.py").read_text()
+    return served.shared("consumer", [sys.executable, "-c", source, "--serve"], warm)
 
-    _shared: Consumer | None = None
-    _lock = threading.Lock()
 
-    def __init__(self) -> None:
-        # cwd: an empty folder of its own, so nothing of this project is importable by accident
-        self.owner = os.getpid()
-        self.folder = Path(tempfile.mkdtemp(prefix="sweeper-consumer-"))
-        self.log = open(self.folder / "stderr.log", "w+b")  # noqa: SIM115 (closed in close())
-        source = Path(__file__).with_name("consumer.py").read_text()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", source, "--serve"],
-            cwd=self.folder,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-
-    @classmethod
-    def shared(cls) -> Consumer:
-        """This process's consumer, started on first use and stopped when the process exits."""
-        with cls._lock:
-            mine = cls._shared is not None and cls._shared.owner == os.getpid()  # not a forked copy
-            if cls._shared is None or not mine or cls._shared.proc.poll() is not None:
-                if cls._shared is None:
-                    atexit.register(cls._close_shared)
-                elif mine:
-                    cls._shared.close()
-                cls._shared = cls()
-            return cls._shared
-
-    @classmethod
-    def _close_shared(cls) -> None:
-        if cls._shared is not None and cls._shared.owner == os.getpid():
-            cls._shared.close()
-
-    def run(self, job: Path) -> str:
-        """The answer to one job: "ok", or why it failed. A consumer that dies or does not
-        answer within CHECK_TIMEOUT_S is stopped (the next job gets a new one)."""
-        with self._lock:
-            assert self.proc.stdin is not None and self.proc.stdout is not None
-            try:
-                self.proc.stdin.write(f"{job}\n")
-                self.proc.stdin.flush()
-            except OSError:
-                return self._died()
-            ready, _, _ = select.select([self.proc.stdout], [], [], CHECK_TIMEOUT_S)
-            if not ready:
-                self.close()
-                return f"no answer within {CHECK_TIMEOUT_S} s"
-            answer = self.proc.stdout.readline().strip()
-            return answer.removeprefix("error: ") if answer else self._died()
-
-    def _died(self) -> str:
-        code = self.proc.wait()
-        self.log.seek(0)
-        lines = self.log.read().decode(errors="replace").strip().splitlines()
-        self.close()
-        return lines[-1] if lines else f"exit {code}"
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.log):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+def prestart(formats: list[str]) -> None:
+    """Start this process's consumer now, importing what checking ``formats`` loads (torch for
+    TorchScript and .pt2, onnxruntime for ONNX), so a sweep's export does not wait for it: a
+    new process and torch's import are 1-1.5 s on a 2-core CPU (docs/speed.md#start-up)."""
+    warm = {"torch": False, "onnxruntime": False}
+    for fmt in formats:
+        warm["onnxruntime" if fmt.startswith("onnx") else "torch"] = True
+    consumer(tuple(name for name, wanted in warm.items() if wanted))
 
 
 def check(fmt: str, model_file: Path, ref: Reference, atol: float | None) -> dict[str, Any]:

@@ -1,12 +1,4 @@
-"""Export a trained model to every asked format, verify each file, describe them in export.json.
-
-inputs.py says what the exported model takes (x, or x and a mask for padded sequences, with a
-dynamic length) and which inputs the check runs, formats.py writes the files, verify.py checks
-them from a process without sweeper,
-consumer.py is that process's (self-contained) code, publish.py registers the model in MLflow,
-trial_run.py exports a finished trial later from its MLflow run, predict.py runs a file
-(`sweeper predict`).
-"""
+"""Export a trained model to every asked format, verify each file, describe them in export.json."""
 
 from __future__ import annotations
 
@@ -25,8 +17,6 @@ from sweeper.export.inputs import Cases, Masked, Signature
 from sweeper.export.verify import ExportError
 from sweeper.plugin import DatasetSplits, DataSplits, FittedTask
 from sweeper.spec import ExportSpec
-
-__all__ = ["ExportError", "exportable", "export_model"]
 
 EXAMPLE_ROWS = 8  # rows of the example batch the exporters trace (>= 2: see formats.py)
 

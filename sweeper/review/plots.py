@@ -53,16 +53,24 @@ def _importance_target(study: optuna.Study, objective: int) -> dict[str, Any]:
 def top_params(study: optuna.Study, objective: int | None = None) -> list[str]:
     """The parameters by importance (Optuna's default evaluator; on objective number ``objective``), or
     in the order they appear when it cannot say."""
+    complete = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    if complete < 2:  # Optuna's evaluator ranks them all equal then (and imports scikit-learn: ~1.5 s)
+        return _in_order(study)
     try:
         target = None if objective is None else _importance_target(study, objective)["target"]
         with warnings.catch_warnings():  # it warns that it minimises a target, as the sign above makes it
             warnings.simplefilter("ignore", UserWarning)
             return list(optuna.importance.get_param_importances(study, target=target))[:TOP_PARAMS]
     except (ValueError, RuntimeError):
-        names: list[str] = []
-        for t in study.trials:
-            names += [n for n in t.params if n not in names]
-        return names[:TOP_PARAMS]
+        return _in_order(study)
+
+
+def _in_order(study: optuna.Study) -> list[str]:
+    """The parameters in the order the trials first name them (at most TOP_PARAMS)."""
+    names: list[str] = []
+    for t in study.trials:
+        names += [n for n in t.params if n not in names]
+    return names[:TOP_PARAMS]
 
 
 def make(study: optuna.Study, folder: Path | None, primary: int = 0) -> Plots:

@@ -4,10 +4,12 @@ export -> record. Nothing here depends on which backend searches."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -557,7 +559,7 @@ def handoff(
     summary's ``export`` and ``registry`` entries and the files to log; a failure is recorded
     there, never fatal to the sweep."""
     from sweeper import export
-    from sweeper.export import publish
+    from sweeper.export import publish, registrar
 
     model, data, task = chosen.model, chosen.data, chosen.task
     source = {
@@ -566,15 +568,26 @@ def handoff(
         "checkpoint": best["checkpoint"],
         "objective": best["values"],
     }
+    registering = None
+    if parent is not None:  # by the registrar's process (export/registrar.py), while the files are written
+        # a copy: where this process registers it, torch.export swaps the traced module's parameters for fakes
+        logged = copy.deepcopy(export.exportable(model, task))
+
+        def register() -> dict[str, Any]:
+            with phase("registry"):  # on its thread: the whole registration, waits included
+                made = publish.registration(logged, data, spec, str(tracker.uri), parent, best["values"], task.outputs)
+                return registrar.register(made) if isinstance(made, publish.Registration) else made
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="sweeper-registry")
+        registering = pool.submit(register)
+        pool.shutdown(wait=False)  # its thread ends with its one job
     with phase("export"):
         exported = export.export_model(model, data, out_dir, spec.export, source=source, task=task, test=test)
     handed: dict[str, Any] = {"export": exported}
-    if parent is not None:
+    if registering is not None:
         try:
-            with phase("registry"):
-                handed["registry"] = publish.register(
-                    export.exportable(model, task), data, spec, str(tracker.uri), parent, best["values"], task.outputs
-                )
+            with phase("registry wait"):
+                handed["registry"] = registering.result()
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])

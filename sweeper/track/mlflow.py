@@ -59,6 +59,17 @@ def resolve_uri(explicit: str | None = None) -> str:
     return uri
 
 
+def configure() -> None:
+    """MLflow in this process as sweeper uses it: MLFLOW_ENV's settings (unless the user set them),
+    its INFO logs of the database set-up silenced (the sweep's own display says what matters),
+    sqlite stores in WAL mode (a commit without a sync to disk)."""
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for key, value in MLFLOW_ENV.items():
+        os.environ.setdefault(key, value)
+    sqlite.install()
+
+
 class TrackingRefused(UserError):
     """The tracking server refused sweeper's requests: bad or missing credentials, or no permission."""
 
@@ -104,12 +115,7 @@ class Tracker:
         if uri is not None:
             from mlflow.tracking import MlflowClient
 
-            # MLflow logs its database set-up at INFO; the sweep's own display says what matters.
-            for name in ("mlflow", "alembic"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            for key, value in MLFLOW_ENV.items():
-                os.environ.setdefault(key, value)
-            sqlite.install()  # WAL: a commit without a sync to disk
+            configure()
             empty_db.seed(uri)
             self._client = _Guarded(MlflowClient(tracking_uri=uri), self)
             self._outbox = Outbox(

@@ -11,15 +11,21 @@ memory), as they had to be already: many machines share a study through PostgreS
 (docs/many-machines.md).
 
 A database copied with its files (``*-wal``) or by sqlite's backup API is whole; a copy of the
-main file alone, while a process has it open, may miss the last commits.
+main file alone, while a process has it open, may miss the last commits. So the connections
+opened here are closed when the process exits (the last one to close folds the log into the
+database file and removes it): the `sweeper` command leaves without Python's teardown, which
+would otherwise close them (cli/base.py).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import sqlite3
 from typing import Any
 
 _installed = False
+_opened: dict[int, sqlite3.Connection] = {}  # id -> connection in WAL mode, till its pool closes it
 
 
 def install() -> None:
@@ -31,7 +37,18 @@ def install() -> None:
     import sqlalchemy as sa
 
     sa.event.listen(sa.engine.Engine, "connect", _tune)
+    for event in ("close", "close_detached"):  # the pool closed it: not ours to close any more
+        sa.event.listen(sa.pool.Pool, event, lambda connection, *_: _opened.pop(id(connection), None))
+    atexit.register(close_all)
     _installed = True
+
+
+def close_all() -> None:
+    """Close this process's connections in WAL mode: the database files are whole again."""
+    for connection in list(_opened.values()):
+        with contextlib.suppress(sqlite3.Error):
+            connection.close()
+    _opened.clear()
 
 
 def _tune(connection: Any, _record: Any) -> None:
@@ -44,6 +61,7 @@ def _tune(connection: Any, _record: Any) -> None:
             mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode == "wal":  # NORMAL is safe in WAL mode only (in rollback mode a power cut may corrupt)
             cursor.execute("PRAGMA synchronous=NORMAL")
+            _opened[id(connection)] = connection
     except sqlite3.OperationalError:  # another process holds a lock while the mode changes: as it was
         pass
     finally:

@@ -1,0 +1,123 @@
+"""The model's registration (publish.py) in a process of its own, started as a sweep starts.
+
+Registering costs a sweep's end about 3 s of one core on a 2-core CPU (docs/speed.md#start-up):
+importing MLflow's pytorch flavour and torch's compiler (torch.export saves the model), and
+MLflow's map of every installed distribution (its check of the requirements). On the sweep's
+own threads that work takes turns with the export and the report for one interpreter lock. The
+registrar does it beforehand, on the other core, while the sweep trains (``prestart``); at the
+end it gets the model to register as a file (``publish.Registration``, saved with torch.save in a
+folder of the sweep's process) and answers with the registry's entry.
+
+Where the registrar cannot take a model (one that does not pickle, a process that died) the
+sweep's process registers it itself, as before; MLflow's own refusal is the registration's
+error either way. ``python -m sweeper.export.registrar`` is the process; importing this module
+imports no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sweeper.export import served
+from sweeper.phases import phase
+from sweeper.track import sqlite
+
+if TYPE_CHECKING:
+    from sweeper.export.publish import Registration
+
+FAILED, UNLOADABLE = "failed: ", "unloadable: "  # the registrar's answers besides "ok"
+GRACE_S = 10.0  # at the sweep's exit: to close its MLflow store (sqlite: its log folded in the file)
+
+
+def process() -> served.Served:
+    """This process's registrar, started if none runs."""
+    return served.shared("registrar", [sys.executable, "-m", "sweeper.export.registrar"], grace_s=GRACE_S)
+
+
+def prestart() -> None:
+    """Start this process's registrar now: it imports what registering needs while the sweep trains."""
+    process()
+
+
+def register(made: Registration) -> dict[str, Any]:
+    """``publish.publish(made)``, done by the registrar (here when it cannot take it); raises
+    what MLflow raised."""
+    import torch
+
+    from sweeper.export import publish
+
+    with tempfile.TemporaryDirectory(prefix="sweeper-registration-") as folder:
+        job = Path(folder) / "job.pt"
+        try:  # with this process's folder and environment (MLflow's credentials, say), as here
+            torch.save({"made": made, "cwd": os.getcwd(), "env": dict(os.environ)}, job)
+        except Exception:  # a model that does not pickle (a class in __main__, a lambda): here
+            return publish.publish(made)
+        answer = process().run(job)
+        if answer == "ok":
+            return dict(json.loads((Path(folder) / "result.json").read_text()))
+        if answer.startswith(FAILED):
+            raise RuntimeError(answer.removeprefix(FAILED))
+    return publish.publish(made)  # not loadable there, or the registrar died: here
+
+
+def _serve() -> None:
+    """The registrar: warm up, then one job per line of stdin, one answer per line of stdout."""
+    answers, sys.stdout = sys.stdout, sys.stderr  # what MLflow prints must not look like an answer
+    from sweeper.export import publish
+
+    with phase("registrar warm-up"):
+        publish.warm()
+    for line in sys.stdin:
+        with phase("registrar job"):
+            answer = _job(Path(line.strip()))
+        answers.write(" ".join(answer.split()) + "\n")  # one line, whatever the message
+        answers.flush()
+    # stdin closed: the sweep is ending and waits for this process. Its sqlite connections closed
+    # (the database whole, its log folded in), it leaves without Python's teardown (~0.5 s)
+    sqlite.close_all()
+    os._exit(0)
+
+
+def _job(job: Path) -> str:
+    import torch
+
+    from sweeper.export import publish
+
+    try:  # weights_only=False: the sweep's process wrote it a moment ago, in a folder of its own
+        given = torch.load(job, weights_only=False)
+    except Exception as exc:
+        return f"error: {UNLOADABLE}{type(exc).__name__}: {exc}"
+    try:
+        with _as_given(given["cwd"], given["env"]):
+            result = publish.publish(given["made"])
+    except Exception as exc:
+        return f"error: {FAILED}{type(exc).__name__}: {exc}"
+    (job.parent / "result.json").write_text(json.dumps(result))
+    return "ok"
+
+
+@contextlib.contextmanager
+def _as_given(cwd: str, env: dict[str, str]) -> Iterator[None]:
+    """The job's folder and environment for the block (a registrar outlives a sweep: a test
+    process's runs each their own)."""
+    saved, here = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+if __name__ == "__main__":
+    _serve()
