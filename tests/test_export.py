@@ -264,10 +264,10 @@ def test_one_consumer_process_checks_every_file_and_a_dead_one_is_replaced(workd
     model, data = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval(), gated_data(torch.randn(40, 1, 4, 4))
     report = export_model(model, data, workdir / "a", ExportSpec(formats=["torchscript", "onnx"]))
     assert all("error" not in f for f in report["formats"]), report
-    consumer = verify.Consumer.shared()
+    consumer = verify.consumer()
     assert consumer.proc.poll() is None  # still up after both checks: they shared it
     report = export_model(model, data, workdir / "b", ExportSpec(formats=["pt2"]))
-    assert "error" not in report["formats"][0] and verify.Consumer.shared() is consumer
+    assert "error" not in report["formats"][0] and verify.consumer() is consumer
 
     # a file it cannot load fails its own check only: the same process checks the next file
     (workdir / "bad.pt").write_bytes(b"not a model")
@@ -275,13 +275,13 @@ def test_one_consumer_process_checks_every_file_and_a_dead_one_is_replaced(workd
     ref = verify.Reference.compute(model, cases, data.val_y, workdir)
     with pytest.raises(verify.ExportError, match="bad.pt: reloading in a Python process without sweeper failed"):
         verify.check("torchscript", workdir / "bad.pt", ref, 1e-4)
-    assert verify.Consumer.shared() is consumer and consumer.proc.poll() is None
+    assert verify.consumer() is consumer and consumer.proc.poll() is None
 
     # killed (an OOM kill, say): the next check starts a new one
     os.kill(consumer.proc.pid, signal.SIGKILL)
     consumer.proc.wait()
     report = export_model(model, data, workdir / "c", ExportSpec(formats=["torchscript"]))
-    assert "error" not in report["formats"][0] and verify.Consumer.shared() is not consumer
+    assert "error" not in report["formats"][0] and verify.consumer() is not consumer
 
 
 def test_int8_quantization_measures_the_accuracy_change(workdir: Path):
