@@ -23,9 +23,11 @@ export checked in a fresh process, the model registered); and the demo (``./dev 
 
 Every figure is also given as a ratio to a reference timed in the same run, a fresh
 ``python -c "import torch"`` (the median of 5), so a slower or busier machine moves both.
-``--gate`` fails when a ratio grew more than 50 % over the one recorded in
-benchmarks/startup_reference.json (phases under 0.1 reference count as 0.1: their noise is not a
-regression). Update that file only with a reason in the commit.
+``--gate`` fails when a ratio of the command's own thread (each phase, total, fixed) grew more
+than 50 % over the one recorded in benchmarks/startup_reference.json; phases under 0.25
+reference count as 0.25 (their noise is not a regression), and overlapped work (in brackets) is
+not gated: it shows in the phase that waits for it (``registry wait``, ``report``). Update that
+file only with a reason in the commit.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "search_spaces" / "digits.yaml"
 REFERENCE_FILE = Path(__file__).with_name("startup_reference.json")
 GROWTH = 1.5  # the gate: a ratio may grow to 1.5x the recorded one
-FLOOR = 0.1  # ratios below this count as this in the gate (0.1 x import torch: ~0.1-0.3 s)
+FLOOR = 0.25  # ratios below this count as this in the gate (0.25 x import torch: ~0.3-0.4 s here)
 ONE = ["search.n_trials=1", "search.parallel=1"]
 COMMANDS: dict[str, list[str]] = {
     "help": ["--help"],
@@ -135,7 +137,7 @@ def measure(repeat: int, names: list[str]) -> dict[str, dict[str, float]]:
     table = {}
     for name in names:
         runs = [run_once(COMMANDS[name]) for _ in range(1 if name == "demo" else repeat)]
-        keys = {k for r in runs for k in r}
+        keys = {k for r in runs for k in r} - ({"fixed"} if name == "demo" else set())  # 2 workers: no one trial
         table[name] = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
     return table
 
@@ -161,8 +163,8 @@ def gate(now: dict[str, dict[str, float]], recorded: dict[str, dict[str, float]]
     grown = []
     for name, row in recorded.items():
         for phase, was in row.items():
-            if phase == "trial seconds" or name not in now:
-                continue  # the trial's own time is training, not start-up
+            if phase == "trial seconds" or phase.startswith("[") or name not in now:
+                continue  # training, not start-up; work overlapped off the command's own thread
             is_ = now[name].get(phase, 0.0)
             if max(is_, FLOOR) > GROWTH * max(was, FLOOR):
                 grown.append(f"{name}: {phase} {is_:.2f} x import torch, recorded {was:.2f} (limit {GROWTH}x)")

@@ -135,8 +135,10 @@ def test_champion_moves_only_to_a_better_version(workdir: Path, mlflow_uri: str)
     for value in (0.5, 0.4, 0.7):  # val_acc, maximized
         run = client.create_run(exp).info.run_id
         results.append(
-            publish.register(
-                mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, {"val_acc": value}
+            publish.publish(
+                publish.registration(
+                    mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, {"val_acc": value}
+                )
             )
         )
     assert [(r["version"], r["champion"]) for r in results] == [(1, True), (2, False), (3, True)]
@@ -175,7 +177,11 @@ def test_a_multi_objective_champion_moves_when_export_choose_picks_the_new_model
     ):
         run = client.create_run(exp).info.run_id
         results.append(
-            publish.register(mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, values)
+            publish.publish(
+                publish.registration(
+                    mlp(input_shape=(1, 4, 4), num_classes=3, hidden=8), data, spec, mlflow_uri, run, values
+                )
+            )
         )
     assert [r["champion"] for r in results] == [True, True, False, True]
     assert "export.choose does not pick val_acc=0.7, params=100 over champion version 2" in results[2]["reason"]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SPACES
+from conftest import REPO, SPACES
 
 # Trains a small model with each torch optimizer sweeper ships, resumes one from its state
 # dict, and prints whether torch._dynamo was imported and a digest of the parameters.
@@ -171,3 +171,49 @@ def test_one_complete_trial_ranks_the_parameters_as_optunas_evaluator_does():
     ranked = optuna.importance.get_param_importances(study)
     assert len(set(ranked.values())) == 1  # all equal: its order says nothing (it varies between runs)
     assert plots.top_params(study) == ["b", "a", "c"]  # the order the trial names them in
+
+
+def _startup_benchmark():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("startup_benchmark", REPO / "benchmarks" / "startup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_startup_gate_fails_where_a_phase_grew_by_half_and_not_on_noise():
+    bench = _startup_benchmark()
+    recorded = {"sweep": {"tracker": 0.8, "export": 0.3, "total": 5.0, "trial seconds": 1.0, "[plots]": 0.8}}
+    assert bench.gate({"sweep": dict(recorded["sweep"])}, recorded) == []
+    grown = {"sweep": {**recorded["sweep"], "tracker": 1.3}}  # 0.8 -> 1.3: more than 1.5x
+    assert [g.split(":")[1].split()[0] for g in bench.gate(grown, recorded)] == ["tracker"]
+    # a small phase's noise (0.1 -> 0.2: under the 0.25 floor), training and overlapped work are not gated
+    noisy = {"sweep": {**recorded["sweep"], "export": 0.2, "trial seconds": 3.0, "[plots]": 2.0}}
+    assert bench.gate(noisy, {"sweep": {**recorded["sweep"], "export": 0.1}}) == []
+    assert bench.gate({"sweep": {**recorded["sweep"], "export": 0.5}}, recorded)  # 0.3 -> 0.5: grown
+
+
+def test_the_phases_of_a_command_are_its_own_seconds():
+    """A phase inside another is taken out of it; imports run from the launch to the first phase;
+    other threads' and processes' phases stand apart, in brackets."""
+    bench = _startup_benchmark()
+    lines = [
+        {"phase": "resolve", "start": 1.0, "end": 3.0, "thread": "MainThread", "pid": 7},
+        {"phase": "dry build", "start": 1.5, "end": 2.5, "thread": "MainThread", "pid": 7},
+        {"phase": "export", "start": 4.0, "end": 5.0, "thread": "MainThread", "pid": 7},
+        {"phase": "registry", "start": 3.5, "end": 6.0, "thread": "sweeper-registry", "pid": 7},
+        {"phase": "registrar job", "start": 4.0, "end": 5.5, "thread": "MainThread", "pid": 8},
+    ]
+    got = bench.phases_of(lines, 7, launched=0.0, ended=6.5)
+    assert got == {
+        "resolve": 1.0,
+        "dry build": 1.0,
+        "export": 1.0,
+        "[registry]": 2.5,
+        "[registrar job]": 1.5,
+        "imports": 1.0,
+        "exit": 1.5,
+        "other": 1.0,  # 6.5 s in all, 5.5 s accounted for
+    }

@@ -45,24 +45,6 @@ class Registration:
     values: dict[str, float]  # its objectives' values, by metric
 
 
-def register(
-    model: nn.Module,
-    data: DataSplits | DatasetSplits,
-    spec: SweepSpec,
-    tracking_uri: str,
-    run_id: str,
-    values: dict[str, float],
-    outputs: int | None = None,
-) -> dict[str, Any]:
-    """Log ``model`` (as exported: with its task's head; ``outputs`` wide, default num_classes)
-    (MLflow's pytorch flavour, saved with torch.export, with a tensor signature
-    and an input example) to the sweep's run ``run_id``, register it as a new version, and
-    move the alias when ``values`` (its objectives' values, by metric) beat the champion's.
-    A model of padded sequences is not registered (the result says why: ``skipped``)."""
-    made = registration(model, data, spec, tracking_uri, run_id, values, outputs)
-    return publish(made) if isinstance(made, Registration) else made
-
-
 def registration(
     model: nn.Module,
     data: DataSplits | DatasetSplits,
@@ -72,7 +54,10 @@ def registration(
     values: dict[str, float],
     outputs: int | None = None,
 ) -> Registration | dict[str, Any]:
-    """What ``register`` registers, or its result already: a model of padded sequences is skipped."""
+    """What registering ``model`` (as exported: with its task's head; ``outputs`` wide, default
+    num_classes) under the sweep's run ``run_id`` takes, or the registry's entry at once: a model
+    of padded sequences is not registered (``skipped`` says why: MLflow's pytorch flavour passes
+    its pyfunc one tensor)."""
     name = spec.export.registered_name or spec.name
     if Signature.of(data).masked:
         return {"name": name, "skipped": PADDED_SKIP}
@@ -82,7 +67,10 @@ def registration(
 
 
 def publish(made: Registration) -> dict[str, Any]:
-    """Log and register ``made`` (``register``'s second half; the registrar's process calls it)."""
+    """Log ``made.model`` (MLflow's pytorch flavour, saved with torch.export, with a tensor
+    signature and an input example) to the sweep's run, register it as a new version, and move
+    the alias when its objectives' values beat the champion's; the registry's entry. The
+    registrar's process calls it (registrar.py), or the sweep's where it cannot."""
     from mlflow.tracking import MlflowClient
 
     spec, values = made.spec, made.values

@@ -94,9 +94,12 @@ class Finisher:
 def summarise(queue: Queue, entry: Entry, spec: SweepSpec, out_dir: Path, say: Callable[[str], None]) -> bool:
     """`sweeper run`'s end for the queued sweep (runner role "finish": summary, export), then the
     sweep marked finished; False (the sweep marked failed, with why) on a user error."""
+    from sweeper import export
     from sweeper.search import runner
     from sweeper.track.progress import QuietObserver
 
+    # the export's helpers (kept for this process's later sweeps) start while the summary is made
+    export.prestart(list(spec.export.formats), register=spec.tracking.enabled)
     try:
         summary = runner.run_sweep(spec, out_dir, QuietObserver(), role=Role.FINISH)
     except (UserError, SweepStopped) as exc:
