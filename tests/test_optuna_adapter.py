@@ -97,6 +97,17 @@ def test_created_trials_are_waiting_with_their_params_attrs_ids_and_numbers(stud
     assert live.suggest_float("lr", 1e-4, 1.0, log=True) == pytest.approx(0.02)
 
 
+def test_created_trials_continue_the_numbers_and_keep_optunas_distribution_check(study: optuna.Study):
+    waiting(study, 2)
+    assert [t.number for t in waiting(study, 2)] == [2, 3]  # after the study's trials
+    int_lr = optuna.trial.create_trial(
+        state=TrialState.WAITING, params={"lr": 1}, distributions={"lr": optuna.distributions.IntDistribution(1, 5)}
+    )
+    with pytest.raises(ValueError, match="Cannot set different distribution kind"):
+        rdb.create(study, [int_lr])  # lr was a float in the study: as Optuna refuses it
+    assert len(study.get_trials(deepcopy=False)) == 4  # and nothing of the refused batch was written
+
+
 def test_the_study_id_is_the_storages(study: optuna.Study, url: str):
     storage = optuna.storages.RDBStorage(url)
     assert rdb.study_id(study) == storage.get_study_id_from_name(study.study_name)

@@ -92,7 +92,8 @@ def test_the_command_exits_with_its_status_and_whole_databases(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
 
     def command(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["sweeper", *args], capture_output=True, text=True, cwd=tmp_path, env=env)
+        script = Path(sys.executable).with_name("sweeper")  # the console script a user runs
+        return subprocess.run([str(script), *args], capture_output=True, text=True, cwd=tmp_path, env=env)
 
     assert command("validate", str(tmp_path / "missing.yaml")).returncode == 2
     assert command("--help").returncode == 0
@@ -152,6 +153,7 @@ def test_a_model_the_registrar_cannot_take_is_registered_by_the_sweeps_process(w
 def test_the_export_check_process_is_started_with_what_it_will_load():
     from sweeper.export import verify
 
+    verify.consumer().close()  # this test process's, which an earlier test may have started
     verify.prestart(["onnx", "torchscript"])
     consumer = verify.consumer()
     assert consumer.proc.poll() is None
