@@ -108,6 +108,27 @@ def test_created_trials_continue_the_numbers_and_keep_optunas_distribution_check
     assert len(study.get_trials(deepcopy=False)) == 4  # and nothing of the refused batch was written
 
 
+def test_finished_trials_are_created_with_their_values_and_epochs(study: optuna.Study):
+    """An earlier sweep's trials, seeded as lessons (search/optuna/earlier.py), as add_trial stores them."""
+    lr = {"lr": optuna.distributions.FloatDistribution(1e-4, 1.0, log=True)}
+    done = optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        params={"lr": 0.1},
+        distributions=lr,
+        value=0.75,
+        intermediate_values={1: 0.5, 2: 0.75},
+    )
+    pruned = optuna.trial.create_trial(
+        state=TrialState.PRUNED, params={"lr": 0.2}, distributions=lr, value=float("-inf"), intermediate_values={1: 0.1}
+    )
+    rdb.create(study, [done, pruned])
+    stored = study.get_trials(deepcopy=False)
+    assert [(t.state, t.value, t.intermediate_values) for t in stored] == [
+        (TrialState.COMPLETE, 0.75, {1: 0.5, 2: 0.75}),
+        (TrialState.PRUNED, float("-inf"), {1: 0.1}),
+    ]
+
+
 def test_the_study_id_is_the_storages(study: optuna.Study, url: str):
     storage = optuna.storages.RDBStorage(url)
     assert rdb.study_id(study) == storage.get_study_id_from_name(study.study_name)

@@ -18,8 +18,8 @@ storage, and runs again on each end: constraints/optuna-lowest.txt and -newest.t
 - ``Study._thread_local.cached_all_trials``: the study's cache of its trials, cleared as
   ``study.tell`` clears it;
 - the ``_CachedStorage`` wrapper's ``_backend`` (the RDBStorage behind a study's storage);
-- ``optuna.storages._rdb.models`` (StudyModel, TrialModel, its attribute, value, intermediate
-  value and heartbeat models) and ``_rdb.storage._create_scoped_session``;
+- ``optuna.storages._rdb.models`` (StudyModel, TrialModel, its param, attribute, value (and
+  ``value_to_stored_repr``), intermediate value and heartbeat models) and ``_rdb.storage._create_scoped_session``;
 - the rows Optuna writes for a new trial (``create``: as RDBStorage's ``_get_prepared_new_trial``
   writes them), RDBStorage's ``_set_trial_attr_without_commit``,
   ``_set_trial_value_without_commit`` (it takes the TrialModel since Optuna 4.6, the trial's id
@@ -136,7 +136,8 @@ def _rdb(study: optuna.Study) -> RDBStorage:
 
 
 def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTrial]:
-    """New trials (templates made by ``optuna.trial.create_trial``: WAITING, params, attrs) in one
+    """New trials (templates made by ``optuna.trial.create_trial``: WAITING with params and attrs,
+    or an earlier sweep's finished trial with its values and epochs) in one
     transaction, as ``study.add_trial`` makes one: the study's row locked while their numbers are
     counted, each parameter's distribution checked against the study's. Returns them with their
     storage ids and numbers. Their rows are written as Optuna's ``_get_prepared_new_trial`` writes
@@ -191,8 +192,9 @@ def _distributions(session: Session, sid: int, templates: list[FrozenTrial]) -> 
 
 
 def _rows(trial_id: int, template: FrozenTrial, checked: set[str]) -> list[Any]:
-    """A new trial's parameter, user attr and system attr rows (no values: it is WAITING)."""
-    assert set(template.distributions) <= checked and not template.values and not template.intermediate_values
+    """A new trial's parameter, value, intermediate value, user attr and system attr rows (an
+    earlier sweep's trial, a lesson, comes finished: earlier.py)."""
+    assert set(template.distributions) <= checked
     rows: list[Any] = [
         models.TrialParamModel(
             trial_id=trial_id,
@@ -207,6 +209,16 @@ def _rows(trial_id: int, template: FrozenTrial, checked: set[str]) -> list[Any]:
         (models.TrialSystemAttributeModel, template.system_attrs),
     ):
         rows += [model(trial_id=trial_id, key=key, value_json=json.dumps(value)) for key, value in attrs.items()]
+    for objective, value in enumerate(template.values or []):
+        stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+        rows.append(models.TrialValueModel(trial_id=trial_id, objective=objective, value=stored, value_type=kind))
+    for step, value in template.intermediate_values.items():
+        kept, epoch_kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
+        rows.append(
+            models.TrialIntermediateValueModel(
+                trial_id=trial_id, step=step, intermediate_value=kept, intermediate_value_type=epoch_kind
+            )
+        )
     return rows
 
 
