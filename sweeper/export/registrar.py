@@ -17,11 +17,14 @@ imports no torch.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +34,7 @@ from sweeper.track import sqlite
 
 if TYPE_CHECKING:
     from sweeper.export.publish import Registration
+    from sweeper.spec import SweepSpec
 
 FAILED, UNLOADABLE = "failed: ", "unloadable: "  # the registrar's answers besides "ok"
 GRACE_S = 10.0  # at the sweep's exit: to close its MLflow store (sqlite: its log folded in the file)
@@ -44,6 +48,40 @@ def process() -> served.Served:
 def prestart() -> None:
     """Start this process's registrar now: it imports what registering needs while the sweep trains."""
     process()
+
+
+@dataclass(frozen=True)
+class Job:
+    """The chosen model to register: its trial's data and task, the sweep's run and its values."""
+
+    model: Any
+    data: Any
+    task: Any
+    tracking_uri: str
+    run_id: str
+    values: dict[str, float]
+
+
+def register_meanwhile(spec: SweepSpec, job: Job) -> Future[dict[str, Any]]:
+    """``job`` registered (``register``), waited for on a thread of its own while the caller
+    writes and checks the files: the registry's entry, or the error MLflow raised."""
+    from sweeper.export import publish
+    from sweeper.export.write import exportable
+
+    # a copy: where this process registers it, torch.export swaps the traced module's parameters for fakes
+    logged = copy.deepcopy(exportable(job.model, job.task))
+
+    def registered() -> dict[str, Any]:
+        with phase("registry"):  # on its thread: the whole registration, waits included
+            made = publish.registration(
+                logged, job.data, spec, job.tracking_uri, job.run_id, job.values, job.task.outputs
+            )
+            return register(made) if isinstance(made, publish.Registration) else made
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sweeper-registry")
+    registering = pool.submit(registered)
+    pool.shutdown(wait=False)  # its thread ends with its one job
+    return registering
 
 
 def register(made: Registration) -> dict[str, Any]:

@@ -4,12 +4,10 @@ export -> record. Nothing here depends on which backend searches."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -559,6 +557,7 @@ def handoff(
     summary's ``export`` and ``registry`` entries and the files to log; a failure is recorded
     there, never fatal to the sweep."""
     from sweeper import export
+    from sweeper.export import registrar
 
     model, data, task = chosen.model, chosen.data, chosen.task
     source = {
@@ -567,7 +566,10 @@ def handoff(
         "checkpoint": best["checkpoint"],
         "objective": best["values"],
     }
-    registering = _register_meanwhile(spec, best["values"], str(tracker.uri), parent, chosen) if parent else None
+    registering = None
+    if parent is not None:  # by the registrar's process, while this one writes and checks the files
+        made = registrar.Job(chosen.model, chosen.data, chosen.task, str(tracker.uri), parent, best["values"])
+        registering = registrar.register_meanwhile(spec, made)
     with phase("export"):
         exported = export.export_model(model, data, out_dir, spec.export, source=source, task=task, test=test)
     handed: dict[str, Any] = {"export": exported}
@@ -578,25 +580,3 @@ def handoff(
         except Exception as exc:  # the sweep and its files are done: keep them
             handed["registry"] = {"error": f"registering the model in MLflow failed: {type(exc).__name__}: {exc}"}
     return handed, export.artifacts(handed["export"])
-
-
-def _register_meanwhile(
-    spec: SweepSpec, values: dict[str, float], tracking_uri: str, parent: str, chosen: Chosen
-) -> Future[dict[str, Any]]:
-    """The chosen model registered under the sweep's run ``parent`` (export/registrar.py: by a
-    process of its own), waited for on a thread while this one writes and checks the files."""
-    from sweeper import export
-    from sweeper.export import publish, registrar
-
-    # a copy: where this process registers it, torch.export swaps the traced module's parameters for fakes
-    logged = copy.deepcopy(export.exportable(chosen.model, chosen.task))
-
-    def register() -> dict[str, Any]:
-        with phase("registry"):  # on its thread: the whole registration, waits included
-            made = publish.registration(logged, chosen.data, spec, tracking_uri, parent, values, chosen.task.outputs)
-            return registrar.register(made) if isinstance(made, publish.Registration) else made
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="sweeper-registry")
-    registering = pool.submit(register)
-    pool.shutdown(wait=False)  # its thread ends with its one job
-    return registering
