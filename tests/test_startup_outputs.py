@@ -37,6 +37,9 @@ from conftest import SPACES, TIMING, sweeper
 GOLDEN = Path(__file__).resolve().parent / "golden" / "one_trial_sweep.json"
 ARGS = ("run", str(SPACES / "digits.yaml"), "search.n_trials=1", "search.parallel=1", "--out", "out", "-q")
 REL = ABS = 1e-4  # numbers: math.isclose with these tolerances
+# ... but a gradient's norm at the epoch's last step: it moved by 1e-3 relative between two 2-core
+# AMD EPYC machines (0.12585 against 0.12597, 2026-12-06) where every other number kept 1e-4
+GRAD_NORM_REL = 1e-2
 
 # Keys whose values measure the machine or the moment, not the sweep
 TIME_WORDS = ("seconds", "time", "wall", "date", "device_hours")
@@ -219,7 +222,8 @@ def differences(golden: object, now: object, where: str = "") -> list[str]:
         and not isinstance(now, bool)
         and (isinstance(golden, float) or isinstance(now, float))
     ):
-        same = math.isclose(golden, now, rel_tol=REL, abs_tol=ABS) or (math.isnan(golden) and math.isnan(now))
+        rel = GRAD_NORM_REL if "grad_norm" in where else REL
+        same = math.isclose(golden, now, rel_tol=rel, abs_tol=ABS) or (math.isnan(golden) and math.isnan(now))
     else:
         same = type(golden) is type(now) and golden == now
     return [] if same else [f"{where}: golden {_short(golden)}, now {_short(now)}"]

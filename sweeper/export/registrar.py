@@ -22,15 +22,17 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.export import served
 from sweeper.phases import phase
-from sweeper.track import sqlite
+from sweeper.track import remote, sqlite
 
 if TYPE_CHECKING:
     from sweeper.export.publish import Registration
@@ -42,12 +44,29 @@ GRACE_S = 10.0  # at the sweep's exit: to close its MLflow store (sqlite: its lo
 
 def process() -> served.Served:
     """This process's registrar, started if none runs."""
-    return served.shared("registrar", [sys.executable, "-m", "sweeper.export.registrar"], grace_s=GRACE_S)
+    argv = [sys.executable, "-m", "sweeper.export.registrar"]
+    return served.shared("registrar", argv, grace_s=GRACE_S, channel=True)
 
 
 def prestart() -> None:
     """Start this process's registrar now: it imports what registering needs while the sweep trains."""
     process()
+
+
+_channels: dict[int, remote.Channel] = {}  # id of a registrar's connection -> this process's channel
+
+
+def tracking_channel() -> remote.Channel | None:
+    """Where this process's sweep tracker can live (track/remote.py): the channel of the
+    registrar started for it (prestart), which imports MLflow anyway; None when none runs."""
+    running = served.running("registrar")
+    if running is None or running.channel is None:
+        return None
+    key = id(running.channel)
+    if key not in _channels:
+        _channels.clear()  # an earlier registrar's, which is gone
+        _channels[key] = remote.Channel(running.channel)
+    return _channels[key]
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,11 @@ def _serve() -> None:
     answers, sys.stdout = sys.stdout, sys.stderr  # what MLflow prints must not look like an answer
     from sweeper.export import publish
 
+    if "--channel" in sys.argv:  # the sweep's tracker lives here (track/remote.py): MLflow's client first
+        with phase("registrar tracker warm-up"):
+            remote.prepare()
+        connection = Connection(int(sys.argv[sys.argv.index("--channel") + 1]))
+        threading.Thread(target=remote.host, args=(connection,), name="sweeper-tracker", daemon=True).start()
     with phase("registrar warm-up"):
         publish.warm()
     for line in sys.stdin:
@@ -119,6 +143,7 @@ def _serve() -> None:
         answers.flush()
     # stdin closed: the sweep is ending and waits for this process. Its sqlite connections closed
     # (the database whole, its log folded in), it leaves without Python's teardown (~0.5 s)
+    remote.drain_hosted()
     sqlite.close_all()
     os._exit(0)
 

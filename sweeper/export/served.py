@@ -16,9 +16,11 @@ import contextlib
 import os
 import select
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 TIMEOUT_S = 600  # one job's answer: a hang must not hold the sweep forever
@@ -26,17 +28,32 @@ TIMEOUT_S = 600  # one job's answer: a hang must not hold the sweep forever
 
 class Served:
     """One helper process: ``argv`` (its modules to import first appended), run in an empty
-    folder of its own so nothing of the current folder is importable by accident."""
+    folder of its own so nothing of the current folder is importable by accident. With
+    ``channel``, it also gets a connection of its own (``--channel FD`` appended), this end of it
+    ``channel``: pickled messages, for calls the line protocol cannot carry (track/remote.py)."""
 
-    def __init__(self, argv: list[str], grace_s: float = 0.0) -> None:
+    def __init__(self, argv: list[str], grace_s: float = 0.0, channel: bool = False) -> None:
         self.grace_s = grace_s  # how long close() waits for it to end by itself before killing it
         self.owner = os.getpid()
         self.folder = Path(tempfile.mkdtemp(prefix="sweeper-served-"))
         self.log = open(self.folder / "stderr.log", "w+b")  # noqa: SIM115 (closed in close())
         self.lock = threading.Lock()
+        self.channel: Connection | None = None
+        mine, theirs = socket.socketpair() if channel else (None, None)
+        if theirs is not None:
+            argv = [*argv, "--channel", str(theirs.fileno())]
         self.proc = subprocess.Popen(
-            argv, cwd=self.folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+            argv,
+            cwd=self.folder,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            pass_fds=(theirs.fileno(),) if theirs is not None else (),
         )
+        if mine is not None and theirs is not None:
+            theirs.close()
+            self.channel = Connection(mine.detach())
 
     def run(self, job: Path) -> str:
         """The answer to one job: "ok", or why it failed (the process's last words if it died). One
@@ -73,7 +90,7 @@ class Served:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.log):
+        for stream in (self.proc.stdin, self.proc.stdout, self.log, self.channel):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
@@ -84,10 +101,12 @@ _shared: dict[str, Served] = {}
 _lock = threading.Lock()
 
 
-def shared(kind: str, argv: list[str], warm: tuple[str, ...] = (), grace_s: float = 0.0) -> Served:
+def shared(
+    kind: str, argv: list[str], warm: tuple[str, ...] = (), grace_s: float = 0.0, channel: bool = False
+) -> Served:
     """This process's helper of ``kind`` (running ``argv``), started on first use, importing the
     ``warm`` modules while it waits for its first job; stopped when this process exits (given
-    ``grace_s`` to end by itself: one that must close its files)."""
+    ``grace_s`` to end by itself: one that must close its files); ``channel``: see Served."""
     with _lock:
         served = _shared.get(kind)
         mine = served is not None and served.owner == os.getpid()  # not a forked copy's
@@ -96,8 +115,16 @@ def shared(kind: str, argv: list[str], warm: tuple[str, ...] = (), grace_s: floa
                 atexit.register(_close_all)
             if served is not None and mine:
                 served.close()
-            served = _shared[kind] = Served([*argv, *warm], grace_s)
+            served = _shared[kind] = Served([*argv, *warm], grace_s, channel)
         return served
+
+
+def running(kind: str) -> Served | None:
+    """This process's helper of ``kind`` if it was started and still runs (none is started)."""
+    with _lock:
+        served = _shared.get(kind)
+        alive = served is not None and served.owner == os.getpid() and served.proc.poll() is None
+        return served if alive else None
 
 
 def _close_all() -> None:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from sweeper.errors import UserError
+from sweeper.export import registrar
 from sweeper.files import remove_stale_temps, write_atomic
 from sweeper.phases import phase
 from sweeper.plan import sized_space
@@ -32,6 +33,7 @@ from sweeper.spec import space as sp
 from sweeper.track.journal import FOLDER as JOURNAL
 from sweeper.track.mlflow import Tracker, redact, resolve_uri
 from sweeper.track.records import TrialRecord
+from sweeper.track.remote import RemoteTracker
 from sweeper.track.sync import sync_tracker
 from sweeper.trial.build import DataCache, ProcessCache
 from sweeper.trial.checkpoint import trial_path
@@ -55,13 +57,13 @@ def tracker_for(spec: SweepSpec, out_dir: Path | None = None) -> Tracker:
     uri = resolve_uri(spec.tracking.mlflow_uri)
     for attempt in range(TRACKER_ATTEMPTS):
         try:
-            # a sweep's tracker sends what needs no answer from a thread of its own (track/sender.py)
-            return Tracker(
-                uri,
-                spec.tracking.experiment or spec.name,
-                out_dir / JOURNAL if out_dir else None,
-                asynchronous=out_dir is not None,
-            )
+            # a sweep's tracker sends what needs no answer from a thread of its own (track/sender.py),
+            # in the registrar's process where one was started for this sweep (it imports MLflow anyway)
+            experiment, journal = spec.tracking.experiment or spec.name, out_dir / JOURNAL if out_dir else None
+            channel = registrar.tracking_channel() if out_dir is not None else None
+            if channel is not None:
+                return RemoteTracker(channel, uri, experiment, journal, asynchronous=True)
+            return Tracker(uri, experiment, journal, asynchronous=out_dir is not None)
         except UserError:
             raise
         except Exception:  # processes starting together race to create (migrate) a new MLflow database
@@ -399,7 +401,7 @@ def _no_report(exc: Exception) -> None:
 def _send_journals(tracker: Tracker, out_dir: Path, when: str) -> None:
     """Send the MLflow writes that wait in the folder's journals (the server was away), and
     say on stderr what an earlier run had left, or what still waits at the end."""
-    report = sync_tracker(tracker)
+    report = tracker.synced() if isinstance(tracker, RemoteTracker) else sync_tracker(tracker)
     if when == "start" and report.sent:
         print(
             f"note: sent the {report.sent} MLflow writes that an earlier process left in {out_dir / JOURNAL}",
