@@ -72,23 +72,18 @@ class RemoteTracker(Tracker):
         self._made = (uri, experiment, journal_dir, asynchronous)
         self._channel: Channel | None = channel
         self._local: Tracker | None = None
+        self._lock = threading.Lock()
         self._key = channel.key()
         # the helper's folder and environment are the sweep's (MLflow's credentials, say)
         self._on_helper("__init__", self._made, {"cwd": os.getcwd(), "env": dict(os.environ)})
 
     def _on_helper(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._channel is not None:
+        channel = self._channel
+        if channel is not None:
             try:
-                return self._channel.call(self._key, name, args, kwargs)
+                return channel.call(self._key, name, args, kwargs)
             except Gone as exc:
-                self._channel = None
-                print(
-                    f"warning: the MLflow helper process stopped ({exc}): this process tracks the sweep "
-                    "from now on; writes it had not sent yet are lost",
-                    file=sys.stderr,
-                )
-                uri, experiment, journal_dir, asynchronous = self._made
-                self._local = Tracker(uri, experiment, journal_dir, asynchronous=asynchronous)
+                self._take_over(exc)
                 if name == "__init__":
                     return None
         assert self._local is not None
@@ -98,6 +93,20 @@ class RemoteTracker(Tracker):
             return sync_tracker(self._local)
         found = getattr(self._local, name)
         return found(*args, **kwargs) if callable(found) else found
+
+    def _take_over(self, gone: Gone) -> None:
+        """The helper is gone: a Tracker in this process from now on (once, whichever thread saw it)."""
+        with self._lock:
+            if self._local is not None:
+                return
+            print(
+                f"warning: the MLflow helper process stopped ({gone}): this process tracks the sweep "
+                "from now on; writes it had not sent yet are lost",
+                file=sys.stderr,
+            )
+            uri, experiment, journal_dir, asynchronous = self._made
+            self._local = Tracker(uri, experiment, journal_dir, asynchronous=asynchronous)
+            self._channel = None
 
     @property
     def enabled(self) -> bool:
