@@ -15,12 +15,15 @@
 
 Prints per-trial training time (sum of epoch times) against the rest of each trial for run 2;
 run 2's wall time split into training, work in the worker, orchestration per trial and the
-fixed cost; and wall-time ratios against the baseline.
+fixed cost; orchestration per trial also within run 2 alone (its search's wall, the phase
+"trials" of sweeper/phases.py, less its trials' own seconds: no second run's wall subtracted,
+whose noise is seconds); and wall-time ratios against the baseline.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -101,10 +104,19 @@ def baseline(plan_path: str) -> None:
     print(json.dumps({"best": study.best_value, "trials": len(study.trials)}))
 
 
-def timed(cmd: list[str], cwd: Path) -> float:
+def timed(cmd: list[str], cwd: Path, phases: Path | None = None) -> float:
+    """Wall seconds of ``cmd`` in ``cwd``; with ``phases``, its phases written there (sweeper/phases.py)."""
+    env = {**os.environ, "SWEEPER_PHASES": str(phases)} if phases is not None else None
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True)
+    subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True, env=env)
     return time.perf_counter() - start
+
+
+def search_seconds(phases: Path) -> float:
+    """The wall seconds of the sweep's search on its main thread: its "trials" phase."""
+    lines = [json.loads(line) for line in phases.read_text().splitlines()]
+    (search,) = [p for p in lines if p["phase"] == "trials" and p["thread"] == "MainThread"]
+    return float(search["end"] - search["start"])
 
 
 def main() -> None:
@@ -116,8 +128,10 @@ def main() -> None:
     ):
         demo_wall = timed(run, Path(demo))
         demo_best = json.loads((Path(demo) / "out" / "summary.json").read_text())["best"]["value"]
-        seq_wall = timed([*run, "search.parallel=1", "train.cpu_threads=2", "export.formats=[]"], Path(seq))
+        seq_phases = Path(seq) / "phases.jsonl"
+        seq_wall = timed([*run, "search.parallel=1", "train.cpu_threads=2", "export.formats=[]"], Path(seq), seq_phases)
         summary = json.loads((Path(seq) / "out" / "summary.json").read_text())
+        seq_search = search_seconds(seq_phases)
         # the fixed cost: a one-trial sweep's wall time less that trial's own seconds
         one = Path(seq) / "one"
         one.mkdir()
@@ -140,12 +154,19 @@ def main() -> None:
         print(f"{t['number']:>5} {t['state']:>9} {t['epochs']:>6} {train:8.3f} {other:8.3f} {other / train:11.2f}")
     n = len(summary["trials"])
     orchestration = seq_wall - fixed - trial_total
+    # the same, within the one run: its search's wall less its trials' seconds (no second run subtracted)
+    direct = seq_search - trial_total
     print(
         f"\nsequential sweeper: wall {seq_wall:.1f} s = training {train_total:.1f} s + in the worker "
         f"{trial_total - train_total:.1f} s (building, checkpoints) + orchestration {orchestration:.1f} s "
         f"(sampling, Optuna storage, MLflow runs: {1000 * orchestration / n:.0f} ms a trial; goal <= 20) "
         f"+ fixed {fixed:.1f} s (imports, storage and MLflow set-up, dry build, summary: a one-trial sweep's "
         f"wall less its trial; goal <= 4)"
+    )
+    print(
+        f"sequential sweeper, within the run: search {seq_search:.1f} s = its trials {trial_total:.1f} s + "
+        f"orchestration {direct:.2f} s ({1000 * direct / n:.0f} ms a trial; goal <= 20), and "
+        f"{seq_wall - seq_search:.1f} s before and after the search"
     )
     print(f"sequential sweeper: everything-else / training = {(seq_wall - train_total) / train_total:.2f}")
     print(f"baseline (hand-written Optuna + PyTorch + MLflow, same trials and epochs): wall {base_wall:.1f} s")
