@@ -9,8 +9,9 @@ only the search differs:
   when maximized (SMAC min-max scales costs before its log: -acc and 1 - acc train the same forest);
 - dehb: DEHB 0.1.2 (differential evolution + Hyperband), ``run(total_cost=...)``, fidelities as
   SMAC's. It pins numpy < 2: it runs with the Python of a venv of its own, ``$SWEEPER_DEHB_PYTHON``
-  (default /root/.cache/dehb-venv/bin/python), made with
-  ``python3 -m venv /root/.cache/dehb-venv && /root/.cache/dehb-venv/bin/pip install -e . "numpy<2" dehb==0.1.2``;
+  (default /root/.cache/dehb-venv/bin/python), made with ``python3 -m venv /root/.cache/dehb-venv &&
+  /root/.cache/dehb-venv/bin/pip install -e . "numpy<2" dehb==0.1.2 torch==VERSION``, VERSION the
+  caller's torch (a venv with another torch is refused: the trials would not be the same code);
 - optuna-hb: Optuna's TPESampler(seed) + HyperbandPruner(min_resource=1, max_resource=EPOCHS) (the
   pair Optuna's docs name best for TPE), each epoch's value reported, ``study.optimize(timeout=...)``;
 - ray-asha: Ray Tune's ASHAScheduler(max_t=EPOCHS, grace_period=1) + OptunaSearch (TPE, seeded,
@@ -21,10 +22,10 @@ Every peer searches the hand-written space of the shipped spec (``search.space``
 conditions included: ConfigSpace conditions for SMAC and DEHB), with the spec's seed set to the
 benchmark's seed (the data split of sweeper's runs of that seed), each trial seeded by
 ``derive(seed, "trial", number)``, one torch CPU thread, parallel 1. The device-time budget is the
-wall clock of the whole peer run: the clock starts after torch and sweeper are imported and the
-spec is loaded (as a `sweeper run`'s device seconds start at its trials), before the peer's
-library is imported, so that the peer's own overhead (its import, Ray's start-up, its model
-between trials) counts against the budget; each peer stops on that clock (SMAC through a
+wall clock of the whole peer run: the clock starts at the launch of its process (``--launched``,
+given by ``run_peer``; as a `sweeper run`'s in benchmarks/search_quality.py), so that Python's
+start, the imports of torch, sweeper and the peer, Ray's start-up and the peer's model between
+trials count against the budget as sweeper's own start-up does; each peer stops on that clock (SMAC through a
 callback, Ray Tune through a stopper: their own limits count from later), and the run is cut at
 the budget (a trial that ends after it is dropped). The benchmark's own measurement is not the
 peer's: each trial's model is scored on the data set's held-out test split (never shown to the
@@ -59,6 +60,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -557,6 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-trials", type=int, default=None, help="also stop after this many trials")
     parser.add_argument("--out", type=Path, required=True, help="the result, as JSON")
     parser.add_argument("--work", type=Path, default=None, help="the peer's own files (default: a temp folder)")
+    parser.add_argument("--launched", type=float, default=None, help="time.time() at launch: the clock's start")
     parser.add_argument("overrides", nargs="*", help="dotted overrides of the spec (train.epochs=5)")
     args = parser.parse_intermixed_args(argv)
 
@@ -569,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
 
         import sweeper.trial.build  # noqa: F401
 
-        h.start = time.time()  # the clock: from before the peer's import
+        h.start = args.launched or time.time()  # the clock: from the process's launch (run_peer)
         try:
             __import__(LIBRARIES[args.peer])
         except ImportError as exc:
@@ -602,13 +605,18 @@ def python_for(peer: str) -> tuple[str | None, str | None]:
     if not Path(DEHB_PYTHON).exists():
         return None, (
             f"no DEHB venv at {DEHB_PYTHON} (dehb 0.1.2 pins numpy < 2: python3 -m venv that path, then "
-            f'pip install -e {ROOT} "numpy<2" dehb==0.1.2; or set SWEEPER_DEHB_PYTHON)'
+            f'pip install -e {ROOT} "numpy<2" dehb==0.1.2 "torch=={version("torch")}"; or set SWEEPER_DEHB_PYTHON)'
         )
-    check = subprocess.run(
-        [DEHB_PYTHON, "-c", "import dehb, sweeper.trial.build"], capture_output=True, text=True, cwd=ROOT
-    )
+    probe = "import dehb, sweeper.trial.build, importlib.metadata as m; print(m.version('torch'))"
+    check = subprocess.run([DEHB_PYTHON, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     if check.returncode != 0:
         return None, f"{DEHB_PYTHON} cannot import dehb and sweeper: {check.stderr.strip().splitlines()[-1:]}"
+    theirs, ours = check.stdout.strip(), version("torch")
+    if theirs != ours:  # the same trial code: a torch of another version trains to other numbers, at another speed
+        return None, (
+            f"the DEHB venv's torch is {theirs}, not this one's {ours}: "
+            f'{Path(DEHB_PYTHON).parent}/pip install "torch=={ours}"'
+        )
     return DEHB_PYTHON, None
 
 
@@ -633,7 +641,7 @@ def run_peer(
         cmd += ["--budget-s", str(budget_s), "--out", str(out)]
         cmd += (["--max-trials", str(max_trials)] if max_trials else []) + (["--work", str(work)] if work else [])
         done = subprocess.run(
-            [*cmd, *overrides],
+            [*cmd, "--launched", repr(time.time()), *overrides],
             cwd=ROOT,
             capture_output=True,
             text=True,

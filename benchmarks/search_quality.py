@@ -22,13 +22,14 @@ OptunaSearch).
 
 Every strategy yields its trials in order: (seconds on its clock when the trial ended, validation
 score, test score), where the test score is the same model's on the data set's held-out test
-split, never shown to the search. Every strategy's clock is the wall clock of its run from the
-start, after importing torch and sweeper (the peers' own overhead and sweeper's, dry build and
-search between trials included, count alike). The anytime curve is the TEST score of the trial
-best so far BY VALIDATION against that clock: for the peers every trial with a validation score
-(a pruned one with its last, its model as it stood), for sweeper's strategies the complete
-trials (what sweeper chooses from and exports), each new best rebuilt from its checkpoint and
-scored here (`test_score_of`). Tables per task:
+split, never shown to the search. Every strategy's clock is the wall clock from its process's
+launch (Python's start, its imports, the peers' own overhead and sweeper's, dry build and search
+between trials included, count alike), cut at the budget for the scores and for the time to a
+target alike. The anytime curve is the TEST score of the trial best so far BY VALIDATION against
+that clock, over the complete trials of every strategy (trained to the full epochs: what sweeper
+chooses from and exports, and a peer's full-fidelity runs; a pruned or low-fidelity trial counts
+for none), sweeper's each new best rebuilt from its checkpoint and scored here (`test_score_of`).
+Tables per task:
 the score at 25, 50 and 100 % of the budget (median [min-max] over seeds; `-`: no trial finished
 by then), and the device seconds until each strategy reached, per seed, the final score of the
 strongest peer (the peer with the best median final score), as a median ratio to that peer's own
@@ -131,8 +132,8 @@ def write_table(path: Path) -> None:
 @dataclass
 class Sweep:
     """One `sweeper run`: its summary's trials, its entries (complete trials in the order they
-    ended, on the wall clock of the run, with the test score of each new best by validation) and
-    its wall seconds (less the start-up every peer also skips: importing torch and sweeper)."""
+    ended, on the wall clock from the process's launch, with the test score of each new best by
+    validation) and its wall seconds."""
 
     trials: list[dict[str, Any]]
     entries: list[Entry]
@@ -143,9 +144,9 @@ def sweep(
     task: Task, out: Path, seed: int, budget_s: float, *extra: str, auto: bool = False, offset: float = 0.0
 ) -> Sweep:
     """One `sweeper run` (a subprocess: each sweep's state is its own), kept checkpoints and all.
-    Its clock is the peers': the wall clock from the run's start, after the imports a peer's
-    clock also starts after (``IMPORT_S``), so sweeper's own overhead (dry build, sizing, the
-    search between trials) counts as the peers' does; ``offset`` is added (a second phase)."""
+    Its clock is the peers': the wall clock from the process's launch, so sweeper's start-up and
+    overhead (imports, dry build, sizing, the search between trials) count as the peers' do;
+    ``offset`` is added (a second phase)."""
     cmd = [sys.executable, "-m", "sweeper", "run", str(task.spec)]
     cmd += ["--out", str(out), "--quiet"] + (["--auto"] if auto else [])
     cmd += [
@@ -163,25 +164,11 @@ def sweep(
     ]
     launched = time.time()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.time() - launched - import_seconds()
+    wall = time.time() - launched
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     trials = json.loads((out / "summary.json").read_text())["trials"]
-    return Sweep(trials, scored_entries(out, trials, launched + import_seconds() - offset), wall + offset)
-
-
-def import_seconds() -> float:
-    """Seconds a fresh Python takes to import torch and sweeper's trial code: the start-up before
-    a peer's clock starts (benchmarks/peers.py), measured once and taken off sweeper's clock."""
-    global _IMPORT_S
-    if _IMPORT_S is None:
-        started = time.time()
-        subprocess.run([sys.executable, "-c", "import torch, sweeper.trial.build"], check=True, cwd=ROOT)
-        _IMPORT_S = time.time() - started
-    return _IMPORT_S
-
-
-_IMPORT_S: float | None = None
+    return Sweep(trials, scored_entries(out, trials, launched - offset), wall + offset)
 
 
 def scored_entries(out: Path, trials: list[dict[str, Any]], zero: float) -> list[Entry]:
@@ -225,8 +212,9 @@ def test_score_of(spec: Any, trial: dict[str, Any], checkpoint: Path) -> float |
 
 
 def peer_entries(result: dict[str, Any]) -> list[Entry]:
-    """A peer run's trials (peers.py: in the order they ended, each with its clock)."""
-    return [(t["device_s"], t["val"], t["test"]) for t in result["trials"]]
+    """A peer run's complete trials (peers.py: in the order they ended, each with its clock), as
+    sweeper's: a pruned or low-fidelity trial is no model the user would be given."""
+    return [(t["device_s"], t["val"], t["test"]) for t in result["trials"] if t.get("complete", True)]
 
 
 def finite(value: float | None) -> bool:
@@ -254,9 +242,11 @@ def at(points: list[tuple[float, float]], seconds: float) -> float:
     return next((value for spent, value in reversed(points) if spent <= seconds), math.nan)
 
 
-def time_to(points: list[tuple[float, float]], target: float, maximize: bool) -> float:
-    """Device seconds until the curve reached ``target`` (inf: never within its budget)."""
-    return next((s for s, v in points if (v >= target if maximize else v <= target)), math.inf)
+def time_to(points: list[tuple[float, float]], target: float, maximize: bool, budget_s: float) -> float:
+    """Device seconds until the curve reached ``target`` (inf: never within ``budget_s``: a trial
+    that ended after the budget reached nothing, as it scores nothing at the budget)."""
+    reached = (s for s, v in points if s <= budget_s and (v >= target if maximize else v <= target))
+    return next(reached, math.inf)
 
 
 def run_seed(
@@ -380,7 +370,7 @@ def table(score: str, curves: dict[str, list[list | None]], names: list[str], bu
     finals = finals_of(curves, budget_s)
     ref = strongest(finals, maximize)
     targets = finals[ref] if ref else []
-    ref_times = [time_to(c, t, maximize) for c, t in zip(curves[ref], targets)] if ref else []
+    ref_times = [time_to(c, t, maximize, budget_s) for c, t in zip(curves[ref], targets)] if ref else []
     head = "".join(f"{f'@{f:.0%}':>25}" for f in FRACTIONS)
     to = f"to {ref}'s final (s)" if ref else "to the reference (s)"
     print(f"{'strategy':<10}{head}{to:>28}{'x ' + (ref or '-'):>18}")
@@ -390,7 +380,9 @@ def table(score: str, curves: dict[str, list[list | None]], names: list[str], bu
             print(f"{name:<10}{why:>{25 * len(FRACTIONS)}}")
             continue
         cells = "".join(f"{fmt([at(c, f * budget_s) for c in curves[name]]):>25}" for f in FRACTIONS)
-        times = [time_to(c, t, maximize) if not math.isnan(t) else math.inf for c, t in zip(curves[name], targets)]
+        times = [
+            time_to(c, t, maximize, budget_s) if not math.isnan(t) else math.inf for c, t in zip(curves[name], targets)
+        ]
         reached = [t for t in times if math.isfinite(t)]
         when = f"{statistics.median(reached):.1f}" if reached else "never"
         ratio = median_ratio(times, ref_times) if ref else "-"
@@ -419,8 +411,8 @@ def goals(curves: dict[str, list[list | None]], budget_s: float, maximize: bool)
         """The median over seeds of ``name``'s time to ``ref``'s final over ``ref``'s own time."""
         ratios = []
         for mine, theirs, target in zip(curves[name], curves[ref], finals[ref]):
-            own = time_to(theirs, target, maximize)
-            ratios.append(time_to(mine, target, maximize) / own if own > 0 else math.inf)
+            own = time_to(theirs, target, maximize, budget_s)
+            ratios.append(time_to(mine, target, maximize, budget_s) / own if own > 0 else math.inf)
         return statistics.median(ratios)
 
     def reached(name: str, ref: str, label: str) -> str:

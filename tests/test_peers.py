@@ -13,6 +13,7 @@ import importlib.util
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,12 @@ def installed(library: str) -> bool:
 @pytest.mark.parametrize(
     "peer, library, budget_s",
     [
-        # the cap of 3 trials ends each run first (in 3-10 s on a quiet 2-core machine); the
-        # budgets leave room for a loaded one. Ray's start-up (~9 s there) counts against its budget
-        ("smac", "smac", 15.0),
-        ("optuna-hb", "optuna", 15.0),
-        ("ray-asha", "ray", 45.0),
+        # the cap of 3 trials ends each run first (in 3-10 s of trials on a quiet 2-core machine);
+        # the budgets leave room for a loaded one: the clock starts at the process's launch, so
+        # Python's start and the imports (3-5 s there) count, and Ray's start-up (~9 s) too
+        ("smac", "smac", 40.0),
+        ("optuna-hb", "optuna", 40.0),
+        ("ray-asha", "ray", 90.0),
     ],
 )
 def test_a_peer_drives_sweepers_trial_within_its_budget(peer: str, library: str, budget_s: float):
@@ -129,6 +131,45 @@ def test_dehb_without_its_venv_is_skipped_with_the_reason(monkeypatch: pytest.Mo
     monkeypatch.setattr(peers, "DEHB_PYTHON", str(tmp_path / "nowhere" / "python"))
     result = peers.run_peer("dehb", "digits", 0, 5.0)
     assert "numpy < 2" in result["skipped"] and "nowhere" in result["skipped"]
+    assert f'"torch=={peers.version("torch")}"' in result["skipped"]  # its torch pinned to ours
+
+
+def test_a_dehb_venv_with_another_torch_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The same trial code for every strategy: a torch of another version trains to other numbers."""
+    venv = tmp_path / "bin"
+    venv.mkdir()
+    python = venv / "python"  # imports dehb and sweeper, and says its torch is another one
+    python.write_text("#!/bin/sh\necho 1.0.0\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(peers, "DEHB_PYTHON", str(python))
+    reason = peers.run_peer("dehb", "digits", 0, 5.0)["skipped"]
+    assert f"torch is 1.0.0, not this one's {peers.version('torch')}" in reason
+    assert f'{venv}/pip install "torch=={peers.version("torch")}"' in reason
+
+
+def test_a_peers_clock_starts_at_its_launch(tmp_path: Path):
+    """Python's start and the imports count against a peer's budget as against sweeper's: the
+    clock starts at the --launched time run_peer gives (here a launch 1000 s ago; DEHB, not
+    importable in this venv, ends the run at once)."""
+    if installed("dehb"):
+        pytest.skip("dehb imports in this venv: the run would not end at once")
+    out = tmp_path / "result.json"
+    args = ["dehb", "--task", "digits", "--budget-s", "5", "--out", str(out), "--launched", str(time.time() - 1000)]
+    peers.main(args)
+    result = json.loads(out.read_text())
+    assert "skipped" in result and result["wall_s"] >= 1000
+
+
+def test_only_complete_trials_make_a_peers_curve(sq):
+    """Pruned and low-fidelity trials count for no strategy: sweeper's curves hold its complete
+    trials (what it chooses from and exports), so a peer's hold its full-fidelity ones."""
+    result = {
+        "trials": [
+            {"device_s": 1.0, "val": 0.99, "test": 0.5, "complete": False},  # 1 of 2 epochs
+            {"device_s": 2.0, "val": 0.90, "test": 0.91, "complete": True},
+        ]
+    }
+    assert sq.peer_entries(result) == [(2.0, 0.90, 0.91)]
 
 
 @pytest.fixture
@@ -252,5 +293,6 @@ def test_the_anytime_curve_is_the_test_score_of_the_best_by_validation(sq):
         assert test == [(1.0, 0.95), (2.0, 0.95), (3.0, 0.91), (4.0, 0.91), (5.0, 0.96)]
         assert [v for _, v in sq.curve(entries, "val", maximize=True)] == [0.90, 0.90, 0.93, 0.93, 0.97]
         assert sq.at(test, 3.5) == 0.91 and math.isnan(sq.at(test, 0.5))
-        assert sq.time_to(test, 0.96, maximize=True) == 5.0 and sq.time_to(test, 0.99, maximize=True) == math.inf
+        assert sq.time_to(test, 0.96, True, 10.0) == 5.0 and sq.time_to(test, 0.99, True, 10.0) == math.inf
+        assert sq.time_to(test, 0.96, True, 4.9) == math.inf  # reached after the budget: not reached
         assert sq.curve([(1.0, 0.9, None)], "test", maximize=True) is None  # no test scores: no test curve
