@@ -1,6 +1,6 @@
 """The peers of the search-quality benchmark (benchmarks/peers.py, issue #47 item 2): SMAC3,
-Optuna TPE + Hyperband and Ray Tune ASHA each drive sweeper's own trial code on digits for a
-tiny budget (2 epochs, at most 3 trials), each in a process of its own (as the benchmark runs
+Optuna TPE + Hyperband and Ray Tune ASHA each drive sweeper's own trial code on digits until a
+small budget ends the run (2 epochs a trial, 30-60 s from launch), each in a process of its own (as the benchmark runs
 them; the Ray one never starts in the test process, and its Ray is a new local one: never a
 cluster another test started). A peer whose library is not installed is skipped here; CI
 installs them (the `peers` extra, part of `test`). DEHB pins numpy < 2 and runs from a venv of
@@ -20,7 +20,6 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 EPOCHS = 2
-CAP = 3
 
 
 def _load(name: str, path: Path):
@@ -43,24 +42,24 @@ def installed(library: str) -> bool:
 @pytest.mark.parametrize(
     "peer, library, budget_s",
     [
-        # the cap of 3 trials ends each run first (in 3-10 s of trials on a quiet 2-core machine);
-        # the budgets leave room for a loaded one: the clock starts at the process's launch, so
-        # Python's start and the imports (3-5 s there) count, and Ray's start-up (~9 s) too
-        ("smac", "smac", 40.0),
-        ("optuna-hb", "optuna", 40.0),
-        ("ray-asha", "ray", 90.0),
+        # each run ends on its budget, no trial cap: the clock starts at the process's launch, so
+        # Python's start and the imports (3-5 s on a quiet 2-core machine, twice that loaded) count,
+        # and Ray's start-up (~9 s there) too; a trial of 2 epochs is 1-2 s of it
+        ("smac", "smac", 30.0),
+        ("optuna-hb", "optuna", 30.0),
+        ("ray-asha", "ray", 60.0),
     ],
 )
-def test_a_peer_drives_sweepers_trial_within_its_budget(peer: str, library: str, budget_s: float):
+def test_a_peer_drives_sweepers_trial_until_its_budget(peer: str, library: str, budget_s: float):
     if not installed(library):
         pytest.skip(f"{library} is not installed (pip install -e '.[peers]')")
-    result = peers.run_peer(peer, "digits", 0, budget_s, [f"train.epochs={EPOCHS}"], max_trials=CAP, timeout=180)
+    result = peers.run_peer(peer, "digits", 0, budget_s, [f"train.epochs={EPOCHS}"], timeout=300)
     assert "skipped" not in result, result["skipped"]
     trials = result["trials"]
     assert trials, result
-    # the trial cap holds (the trials cut at the budget counted too), and the budget: every trial kept
-    # ended within it on the run's clock, and the run did not go on long after it
-    assert len(trials) + result["cut"] <= CAP
+    # the budget stopped the run (no cap did): its clock passed the budget, and every trial kept
+    # ended within it (those that ended after it are cut)
+    assert result["wall_s"] >= budget_s
     assert all(t["device_s"] <= budget_s for t in trials)
     assert [t["device_s"] for t in trials] == sorted(t["device_s"] for t in trials)
     assert result["wall_s"] <= budget_s + max(t["seconds"] for t in trials) + 60  # a hang guard, not a timing
