@@ -19,7 +19,9 @@ export checked in a fresh process, the model registered); and the demo (``./dev 
   ``registry`` (the model logged and registered), ``report``, ``end`` (the sweep's run ended);
   phases on other threads (``plots``, and any overlapped with the main thread's) in brackets;
 - ``exit``: from the last phase to the process's end; ``total``: the command's wall time;
-  ``fixed``: a sweep's wall time less its trials' own seconds (summary.json).
+  ``fixed``: a sweep's wall time less its trials' own seconds (summary.json); ``cpu``: the
+  core-seconds of the command and every helper process it started (on 2 cores, half of it is a
+  floor for ``total`` whatever overlaps what).
 
 Every figure is also given as a ratio to a reference timed in the same run, a fresh
 ``python -c "import torch"`` (the median of 5), so a slower or busier machine moves both.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,9 +117,11 @@ def run_once(args: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="sweeper-startup-") as folder:
         log = Path(folder) / "phases.jsonl"
         env = {**os.environ, "SWEEPER_PHASES": str(log)}
+        used = _children_cpu()
         launched = time.time()
         proc = subprocess.run([*sweeper_command(), *args], cwd=folder, env=env, capture_output=True, text=True)
         ended = time.time()
+        used = _children_cpu() - used
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -124,12 +129,21 @@ def run_once(args: list[str]) -> dict[str, float]:
         pid = min(pids, key=lambda q: min(p["start"] for p in lines if p["pid"] == q)) if pids else -1
         result = phases_of(lines, pid, launched, ended)
         result["total"] = ended - launched
+        result["cpu"] = used
         summary = Path(folder) / "out" / "summary.json"
         if summary.exists():
             trials = json.loads(summary.read_text())["trials"]
             result["trial seconds"] = sum(t["seconds"] or 0.0 for t in trials)
             result["fixed"] = result["total"] - result["trial seconds"]
     return result
+
+
+def _children_cpu() -> float:
+    """Core-seconds (user + system) of this process's children that have ended, theirs included:
+    a command's own and its helpers' (the export check, the registrar, the pool's workers: each
+    waited for by the process that started it)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def measure(repeat: int, names: list[str]) -> dict[str, dict[str, float]]:
@@ -145,7 +159,7 @@ def measure(repeat: int, names: list[str]) -> dict[str, dict[str, float]]:
 def print_table(table: dict[str, dict[str, float]], ref: float) -> None:
     extra = sorted({k for row in table.values() for k in row if k.startswith("[")})
     columns = [c for c in MAIN_ORDER if any(c in row for row in table.values())] + extra
-    columns += ["total", "trial seconds", "fixed"]
+    columns += ["total", "trial seconds", "fixed", "cpu"]
     print(f"reference: python -c 'import torch' {ref:.2f} s (median of 5)\n")
     print("| seconds (ratio to the reference) | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
@@ -163,8 +177,8 @@ def gate(now: dict[str, dict[str, float]], recorded: dict[str, dict[str, float]]
     grown = []
     for name, row in recorded.items():
         for phase, was in row.items():
-            if phase == "trial seconds" or phase.startswith("[") or name not in now:
-                continue  # training, not start-up; work overlapped off the command's own thread
+            if phase in ("trial seconds", "cpu") or phase.startswith("[") or name not in now:
+                continue  # training or all processes' CPU, not start-up; work overlapped off the command's own thread
             is_ = now[name].get(phase, 0.0)
             if max(is_, FLOOR) > GROWTH * max(was, FLOOR):
                 grown.append(f"{name}: {phase} {is_:.2f} x import torch, recorded {was:.2f} (limit {GROWTH}x)")
