@@ -87,12 +87,7 @@ class RemoteTracker(Tracker):
                 if name == "__init__":
                     return None
         assert self._local is not None
-        if name == SYNC:
-            from sweeper.track.sync import sync_tracker
-
-            return sync_tracker(self._local)
-        found = getattr(self._local, name)
-        return found(*args, **kwargs) if callable(found) else found
+        return _call(self._local, name, args, kwargs)
 
     def _take_over(self, gone: Gone) -> None:
         """The helper is gone: a Tracker in this process from now on (once, whichever thread saw it)."""
@@ -217,7 +212,12 @@ def _answer(key: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         uri, experiment, journal_dir, asynchronous = args
         _hosted[key] = Tracker(uri, experiment, journal_dir, asynchronous=asynchronous)
         return None
-    tracker = _hosted[key]
+    return _call(_hosted[key], name, args, kwargs)
+
+
+def _call(tracker: Tracker, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``tracker``'s method ``name`` called (or its property read), or SYNC: what both the
+    helper and a RemoteTracker that took over in its own process do with a call."""
     if name == SYNC:
         from sweeper.track.sync import sync_tracker
 
