@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sweeper.plugin import DataSplits, Normalize
+from sweeper.plugin import DATA_KIND_ATTR, DataSplits, Normalize
 from sweeper_plugins.datasets import split_indices
 
 try:  # numpy >= 2
@@ -229,3 +229,6 @@ def cifar10(
         input_transform=normalize,
         normalization=normalize.as_dict(),
     )
+
+
+setattr(cifar10, DATA_KIND_ATTR, "image")

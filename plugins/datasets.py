@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import Field
 
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DATA_KIND_ATTR, DataSplits
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,3 +155,10 @@ def synthetic_multilabel(
     train, val, test = split_with_test(len(y), val_fraction, test_fraction, seed)
     mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
     return cut((x - mean) / std, y, train, val, test, class_names=tuple(f"label{i}" for i in range(num_labels)))
+
+
+# The kind of data each gives (sweeper.plugin.DATA_KIND_ATTR): what --auto chooses model families by.
+# synthetic declares none: its samples take whatever shape its arguments ask for.
+setattr(digits, DATA_KIND_ATTR, "image")
+setattr(diabetes, DATA_KIND_ATTR, "table")
+setattr(synthetic_multilabel, DATA_KIND_ATTR, "table")

@@ -28,7 +28,7 @@ import torch
 from pydantic import Field
 from torch.utils.data import Dataset
 
-from sweeper.plugin import DatasetSplits, DataSplits, Normalize
+from sweeper.plugin import DATA_KIND_ATTR, DatasetSplits, DataSplits, Normalize
 from sweeper_plugins.cifar import random_crop_flip
 from sweeper_plugins.datasets import Fraction, split_indices
 
@@ -215,3 +215,6 @@ def image_folder(
         input_transform=normalize,
         normalization=normalize.as_dict(),
     )
+
+
+setattr(image_folder, DATA_KIND_ATTR, "image")

@@ -22,7 +22,7 @@ import torch
 from pydantic import Field
 
 from sweeper.files import replacing
-from sweeper.plugin import DataSplits
+from sweeper.plugin import DATA_KIND_ATTR, DataSplits
 
 Samples = Annotated[int, Field(ge=1, le=1_000_000)]  # generated samples, held in memory (40 floats each)
 CLASSES = 10
@@ -95,3 +95,6 @@ def _generate(*, samples: int, length: int, shuffle_seq: bool, seed: int) -> tup
         random.setstate(py_state)
         np.random.set_state(np_state)
     return data["x"][:samples].astype(np.float32), data["y"][:samples].astype(np.int64)
+
+
+setattr(mnist1d, DATA_KIND_ATTR, "sequence")  # positions in order (shuffle_seq breaks that on purpose)

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field
 from torch import nn
 
-from sweeper.plugin import IntRange, Uniform
+from sweeper.plugin import DATA_KINDS_ATTR, IntRange, Uniform
 
 # The ranges sweeper checks each value against before any trial (fixed or searched): far above
 # any model that trains here, far below what exhausts memory while building one (a typo).
@@ -104,3 +104,9 @@ def resnet18(
         c_in = c_out
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes)]
     return nn.Sequential(*layers)
+
+
+# The kinds of data each takes (sweeper.plugin.DATA_KINDS_ATTR): the MLP flattens any fixed-shape sample.
+setattr(mlp, DATA_KINDS_ATTR, ("table", "sequence", "image"))
+setattr(cnn, DATA_KINDS_ATTR, ("image",))
+setattr(resnet18, DATA_KINDS_ATTR, ("image",))

@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 from torch.utils.data import Dataset
 
-from sweeper.plugin import DatasetSplits, pad_collate
+from sweeper.plugin import DATA_KIND_ATTR, DatasetSplits, pad_collate
 
 Samples = Annotated[int, Field(ge=1, le=1_000_000)]  # generated samples, held in memory
 Length = Annotated[int, Field(ge=2, le=10_000)]  # positions of a sequence
@@ -75,3 +75,6 @@ def sequences(
         class_names=tuple(f"period {FIRST_PERIOD * PERIOD_RATIO**k:g}" for k in range(classes)),
         collate_fn=pad_collate,
     )
+
+
+setattr(sequences, DATA_KIND_ATTR, "sequence")

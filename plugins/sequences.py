@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from sweeper.plugin import Choice, IntRange, Uniform
+from sweeper.plugin import DATA_KINDS_ATTR, Choice, IntRange, Uniform
 from sweeper_plugins.models import Depth, Probability, Width
 
 Kernel = Annotated[int, Field(ge=1, le=1_025)]  # positions a convolution sees
@@ -209,3 +209,7 @@ def transformer(
     if width % heads:
         raise ValueError(f"heads ({heads}) must divide width ({width})")
     return TransformerNet(channels, max_length or length, num_classes, width, depth, heads, mlp_ratio, dropout)
+
+
+for _model in (conv1d, gru, transformer):
+    setattr(_model, DATA_KINDS_ATTR, ("sequence",))

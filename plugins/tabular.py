@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from sweeper.plugin import DataSplits, IntRange, TabularFeatures, Uniform
+from sweeper.plugin import DATA_KIND_ATTR, DATA_KINDS_ATTR, DataSplits, IntRange, TabularFeatures, Uniform
 from sweeper_plugins.datasets import Fraction, TestFraction, split_with_test
 from sweeper_plugins.models import Depth, Probability, Width
 
@@ -235,3 +235,7 @@ def tabular_mlp(
     if tuple(input_shape) != (columns,):
         raise ValueError(f"tabular_mlp takes rows of {columns} columns (the data set's features); got {input_shape}")
     return TabularMLP(len(layout.numeric), layout.cardinalities, num_classes, hidden, depth, dropout, embedding_dim)
+
+
+setattr(tabular, DATA_KIND_ATTR, "table")
+setattr(tabular_mlp, DATA_KINDS_ATTR, ("table",))

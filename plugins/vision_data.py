@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sweeper.plugin import DataSplits, Normalize
+from sweeper.plugin import DATA_KIND_ATTR, DataSplits, Normalize
 from sweeper_plugins.cifar import NETWORK_TIMEOUT, random_crop_flip
 from sweeper_plugins.datasets import Fraction, split_indices
 
@@ -183,3 +183,6 @@ def torchvision_dataset(
         input_transform=normalize,
         normalization=normalize.as_dict(),
     )
+
+
+setattr(torchvision_dataset, DATA_KIND_ATTR, "image")

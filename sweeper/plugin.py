@@ -9,7 +9,8 @@ Before any training, the spec's arguments are bound to each factory's signature 
 fails the sweep up front) and every factory is called once in a dry build (``in_dry_build()``).
 An argument's annotation may declare its search prior (``Uniform``, ``LogUniform``, ``IntRange``,
 ``Choice``) for ``search.space: auto``. The attributes sweeper reads on a plugin (``API_ATTR``,
-``CHANNELS_LAST_ATTR``, ``FUSABLE_ATTR``) are named here and nowhere else; a module declaring
+``CHANNELS_LAST_ATTR``, ``FUSABLE_ATTR``, ``DATA_KIND_ATTR``, ``DATA_KINDS_ATTR``) are named here
+and nowhere else; a module declaring
 ``SWEEPER_PLUGIN_API`` that excludes ``sweeper.PLUGIN_API_VERSION`` is refused. The full
 contract, with examples: docs/plugins.md.
 """
@@ -36,6 +37,9 @@ __all__ = [
     "Prior",
     "Uniform",
     "FUSABLE_ATTR",
+    "DATA_KIND_ATTR",
+    "DATA_KINDS",
+    "DATA_KINDS_ATTR",
     "DataSplits",
     "DatasetFactory",
     "DatasetSplits",
@@ -67,6 +71,17 @@ CHANNELS_LAST_ATTR = "sweeper_channels_last"
 # On a model or optimizer factory: False keeps its trials out of fused training (search.fuse), e.g. a
 # model whose forward branches on its data (vmap cannot batch it), an optimizer whose step needs a closure.
 FUSABLE_ATTR = "sweeper_fusable"
+# The kinds of data a data set gives and a model takes: "table" (a row of columns, (F,)), "sequence"
+# (positions in order, (L,) or (C, L)) and "image" ((C, H, W)). Under `--auto` every installed model
+# that takes the data set's kind is a candidate family (sweeper/pluginhost/families.py).
+DATA_KINDS = ("table", "sequence", "image")
+# On a data set factory: the kind of data it gives, one of DATA_KINDS (checked against its samples'
+# shape in the dry build). A shape alone cannot tell a sequence of 40 positions from a row of 40 columns.
+DATA_KIND_ATTR = "sweeper_data_kind"
+# On a model factory: the kinds of data it takes, a tuple of DATA_KINDS (an MLP flattens any of them).
+# Unset: the model is searched only where a spec names it (a wrapper such as torchvision_model, whose
+# architecture is an argument, is no one family).
+DATA_KINDS_ATTR = "sweeper_data_kinds"
 # Arguments sweeper passes itself, per kind; a spec may not set them.
 INJECTED = {
     "datasets": ("seed",),

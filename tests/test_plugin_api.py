@@ -118,7 +118,13 @@ def _attributes() -> dict[str, str]:
 
 def test_each_plugin_attribute_is_named_once_and_documented():
     attributes = _attributes()
-    assert set(attributes.values()) == {"SWEEPER_PLUGIN_API", "sweeper_channels_last", "sweeper_fusable"}
+    assert set(attributes.values()) == {
+        "SWEEPER_PLUGIN_API",
+        "sweeper_channels_last",
+        "sweeper_fusable",
+        "sweeper_data_kind",
+        "sweeper_data_kinds",
+    }
     # no other module spells one out, nor reads a sweeper_* attribute of its own
     for path in (REPO / "sweeper").rglob("*.py"):
         if path == REPO / "sweeper" / "plugin.py":

@@ -261,6 +261,18 @@ def validate(
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")
     for line in provenance_lines(resolved.space):
         typer.echo(f"#   {line}")
+    families = resolved.space.families
+    if families is not None and (families.added or families.refused):
+        kind = f"the data set gives {families.kind}s" if families.kind else "the data set declares no kind of data"
+        typer.echo(f"# model families ({kind}; docs/strategy.md#model-families):")
+        for line in families.lines():
+            typer.echo(f"#   {line}")
+        round_ = sweep.search.family_round
+        if round_ is not None:
+            typer.echo(
+                f"#   first round: each family for {round_.epochs} of {sweep.train.epochs} epochs, "
+                f"then the search within the best {round_.keep}"
+            )
     if resolved.sized is not None:
         typer.echo("# sized to the budget (timed here; `sweeper run` sizes again on its machine):")
         for change in resolved.sized or ["search.space: nothing dropped, every choice fits"]:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from sweeper.errors import UserError
-from sweeper.plugin import DRY_BUILD, DatasetSplits, DataSplits
+from sweeper.plugin import DATA_KIND_ATTR, DRY_BUILD, DatasetSplits, DataSplits
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.binding import SECTIONS, plugin_points
 from sweeper.spec import SweepSpec
@@ -65,29 +65,22 @@ class _Failed(Exception):
         self.section, self.doing, self.error = section, doing, error
 
 
-def dry_build(spec: SweepSpec) -> DryBuild:
-    """Prepare the data and dry-build every plugin choice of ``spec``; raises UserError."""
+Prepared = dict[str, DataSplits | DatasetSplits]  # by dataset plugin and args, as the trials read it
+
+
+def dry_build(spec: SweepSpec, prepared: Prepared | None = None) -> DryBuild:
+    """Prepare the data and dry-build every plugin choice of ``spec``; raises UserError.
+    ``prepared``: the data sets prepared already (``probe_families``), reused."""
     labels: list[str] = []  # of the plugin configurations, then of the argument choices
     warnings: list[str] = []
     data_seconds = build_seconds = 0.0
-    # by dataset plugin and args: each prepared once, as the trials read it (data.path)
-    prepared: dict[str, DataSplits | DatasetSplits] = {}
+    prepared = {} if prepared is None else prepared  # each data set prepared once
     with _dry_building():
         for label, values in plugin_points(spec):
             config = spec.with_values(values)
             labels.append(label)
             started = time.perf_counter()
-            key = repr((config.dataset.plugin, sorted(config.dataset.args.items())))
-            if key not in prepared:
-                try:
-                    with _blame("dataset", "preparing the data set"):
-                        raw = make_data(config)
-                        _check_splits(raw)
-                        _check_path(config, raw)
-                        prepared[key] = for_path(raw, config.data.path)
-                except _Failed as failed:
-                    raise _refusal(config, failed, values, None) from failed.error
-            data = prepared[key]
+            data = _prepare(config, values, prepared)
             _check_batch_sizes(spec, config, data)
             data_seconds += time.perf_counter() - started
             started = time.perf_counter()
@@ -100,6 +93,59 @@ def dry_build(spec: SweepSpec) -> DryBuild:
     plugins = [label for label in labels if label == "base" or label.split("=")[0].endswith(".plugin")]
     choices = [label for label in labels if label not in plugins]
     return DryBuild(plugins, choices, data_seconds, build_seconds, warnings)
+
+
+def _prepare(config: SweepSpec, values: dict[str, Any], prepared: Prepared) -> DataSplits | DatasetSplits:
+    """``config``'s data set, prepared once (and checked) into ``prepared``."""
+    key = repr((config.dataset.plugin, sorted(config.dataset.args.items())))
+    if key not in prepared:
+        try:
+            with _blame("dataset", "preparing the data set"):
+                raw = make_data(config)
+                _check_splits(raw)
+                _check_kind(config, raw)
+                _check_path(config, raw)
+                prepared[key] = for_path(raw, config.data.path)
+        except _Failed as failed:
+            raise _refusal(config, failed, values, None) from failed.error
+    return prepared[key]
+
+
+def probe_families(spec: SweepSpec, names: list[str], prepared: Prepared) -> dict[str, str]:
+    """The model families of ``names`` (brought by the data, not named by the spec) that fail a
+    build and one training step on the data set's samples, each with why: refused, not an error
+    (the spec did not ask for them). The data set is prepared into ``prepared`` for the dry build."""
+    refused: dict[str, str] = {}
+    with _dry_building():
+        data = _prepare(spec, {}, prepared)
+        for name in names:
+            try:
+                _build_and_step(spec.with_values({"model.plugin": name}), data)
+            except _Failed as failed:
+                error = failed.error
+                refused[name] = (
+                    f"{failed.doing} failed on the data set's samples {data.input_shape} in a dry build: "
+                    f"{type(error).__name__}: {str(error).rstrip('.')}"
+                )
+            except Exception as exc:  # a required argument the spec does not give, say
+                refused[name] = f"cannot be built for this spec: {type(exc).__name__}: {str(exc).rstrip('.')}"
+    return refused
+
+
+# The sample dimensions each kind of data (sweeper.plugin.DATA_KINDS) has: a row (F,), a
+# sequence (L,) or (C, L), an image (C, H, W).
+KIND_DIMS = {"table": (1,), "sequence": (1, 2), "image": (3,)}
+
+
+def _check_kind(config: SweepSpec, data: DataSplits | DatasetSplits) -> None:
+    """The kind of data the data set plugin declares (DATA_KIND_ATTR) fits its samples' shape."""
+    kind = getattr(registry.get("datasets", config.dataset.plugin), DATA_KIND_ATTR, None)
+    if kind in KIND_DIMS and len(data.input_shape) not in KIND_DIMS[kind]:
+        dims = " or ".join(str(d) for d in KIND_DIMS[kind])
+        raise ValueError(
+            f"it declares {DATA_KIND_ATTR} = {kind!r} (samples of {dims} dimensions) but gives samples "
+            f"of shape {data.input_shape}"
+        )
 
 
 def _refused_arg(config: SweepSpec, data: DataSplits | DatasetSplits, failed: _Failed) -> str | None:

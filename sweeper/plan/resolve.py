@@ -3,7 +3,9 @@
 ``resolve_sweep`` is the only way a spec is resolved; `sweeper run` (search/runner.py),
 `sweeper validate` (its view), `sweeper submit --queue` and a queue's workers all call it:
 
-1. derive: ``search.auto``'s space from the plugins' priors (pluginhost/auto_space.py);
+1. derive: ``search.auto``'s space from the plugins' priors (pluginhost/auto_space.py), its
+   model families from the data (pluginhost/families.py), each family the data brought built
+   and stepped once on the data's samples (one that fails is refused, with why);
 2. size: a derived space with a device-time budget, its too costly choices dropped
    (sized_space.py; only where the caller sizes: `run` and `validate`, never a worker);
 3. choose: ``search.sampler/pruner: auto`` and the settings they shape (strategy.py), from the
@@ -29,7 +31,7 @@ from pydantic import ValidationError
 from sweeper.errors import UserError
 from sweeper.phases import phase
 from sweeper.plan import sized_space, strategy
-from sweeper.plan.preflight import DryBuild, dry_build
+from sweeper.plan.preflight import DryBuild, Prepared, dry_build, probe_families
 from sweeper.plan.sized_space import Sized
 from sweeper.plan.strategy import Choice, Facts, Strategy
 from sweeper.plugin import FUSABLE_ATTR
@@ -71,10 +73,17 @@ def resolve_sweep(
     starts to overlap the build (the runner's pool). ``build``: run the dry build. Raises
     UserError naming the spec path of what is wrong."""
     derived = derive(loaded)
+    prepared: Prepared = {}  # the data set, prepared once for the families' probe and the dry build
+    if derived.families is not None and derived.families.added and build:
+        with phase("dry build"):
+            refused = probe_families(derived.spec, derived.families.added, prepared)
+        if refused:
+            derived = derive(loaded, refused)
     changes = None
     if size is not None and sized_space.wanted(loaded):
         done = size(derived.spec)
-        derived = Derived(done.spec, {path: derived.sources[path] for path in done.spec.search.space})
+        sources = {path: derived.sources[path] for path in done.spec.search.space}
+        derived = Derived(_round_within(done.spec), sources, derived.families)
         changes = done.changes
     chosen = choose(derived.spec)
     spec = resolve_task(chosen.spec)
@@ -82,8 +91,18 @@ def resolve_sweep(
     if before_build is not None:
         before_build(spec)
     with phase("dry build"):
-        dry = dry_build(spec) if build else None
+        dry = dry_build(spec, prepared) if build else None
     return Resolved(spec, derived, changes, chosen.choices, notes(spec), dry)
+
+
+def _round_within(spec: SweepSpec) -> SweepSpec:
+    """``spec`` with its family round over the model families sizing left."""
+    round_ = spec.search.family_round
+    if round_ is None:
+        return spec
+    families = spec.search.space.get("model.plugin")
+    choices = families.choices if isinstance(families, sp.CategoricalParam) else [spec.model.plugin]
+    return spec.model_copy(update={"search": spec.search.model_copy(update={"family_round": round_.within(choices)})})
 
 
 def facts(spec: SweepSpec) -> Facts:

@@ -6,6 +6,12 @@ With several candidate plugins of a section (``search.auto.models: [mlp, cnn]``)
 ``model.plugin`` as a categorical and each plugin's arguments conditioned on it
 (``when: {model.plugin: mlp}``; an argument several candidates share: ``[mlp, cnn]``, its range
 the envelope of theirs). Arguments the spec fixes in ``{section}.args`` stay fixed.
+
+The model families come from the data (families.py): without ``search.auto.models``, every
+installed model that takes the data set's kind of data, the spec's own first (a hand-written
+``model.plugin`` is extended, not replaced; a hand-written argument of the spec's models is
+conditioned on the families that take it). The families are tried in a first round at low
+fidelity (``search.family_round``) before the search within the survivors.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from sweeper.errors import UserError
 from sweeper.pluginhost import registry
 from sweeper.pluginhost.base_point import plugin_default
 from sweeper.pluginhost.binding import accepted_args, plugin_choices
+from sweeper.pluginhost.families import Families
+from sweeper.pluginhost.families import find as find_families
 from sweeper.pluginhost.priors import Declared, declared, describe
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.spec.load import check_space_types
-from sweeper.spec.search import AutoSpaceSpec
+from sweeper.spec.search import AutoSpaceSpec, FamilyRound
 
 HAND_WRITTEN = "search.space (hand-written)"
 # spec section -> (plugin kind, its list in search.auto)
@@ -42,24 +50,33 @@ class Derived:
 
     spec: SweepSpec
     sources: dict[str, str]  # search.space path -> its origin, e.g. "prior of model plugin 'mlp' (...)"
+    families: Families | None = None  # the model families chosen among and refused; None: not derived
 
 
-def derive(spec: SweepSpec) -> Derived:
+def derive(spec: SweepSpec, refused: dict[str, str] | None = None) -> Derived:
     """``spec`` with ``search.auto`` replaced by the derived space (hand-written entries kept);
-    a spec without ``search.auto`` is returned as it is. Raises UserError naming the path of a
-    plugin that is unknown, a prior that is malformed, or a derived space the spec refuses."""
+    a spec without ``search.auto`` is returned as it is. ``refused``: model families the dry
+    build refused (name -> why), left out. Raises UserError naming the path of a plugin that is
+    unknown, a prior that is malformed, or a derived space the spec refuses."""
     auto = spec.search.auto
     hand = dict(spec.search.space)
     if auto is None:
         return Derived(spec, dict.fromkeys(hand, HAND_WRITTEN))
+    families = find_families(spec, auto.models, refused)
     entries: dict[str, tuple[sp.Param, str]] = {}
     for section, kind in SEARCHED_SECTIONS.items():
-        names = _candidates(spec, section, kind, auto)
+        names = families.names if section == "model" else _candidates(spec, section, kind, auto)
         plugin_path = f"{section}.plugin"
-        if plugin_path not in hand and len(names) > 1:
+        if section == "model" and families.added:  # the data's families: the spec's own first
+            hand.pop(plugin_path, None)
+            hand = _conditioned(hand, families)
+            origin = f"the data's kind ({families.kind}): {', '.join(families.named)} (the spec's) first"
+            entries[plugin_path] = (sp.CategoricalParam(type="categorical", choices=list(names)), origin)
+        elif plugin_path not in hand and len(names) > 1:
             origin = f"search.auto.{kind}" if getattr(auto, kind) else "training default (schedules)"
             entries[plugin_path] = (sp.CategoricalParam(type="categorical", choices=list(names)), origin)
-        entries.update(_plugin_arguments(spec, section, kind, names, hand))
+        added = section == "model" and bool(families.added)
+        entries.update(_plugin_arguments(spec, section, kind, names, hand, added))
     if auto.train:
         entries.update(_training(spec, hand))
     space = {path: hand.get(path, param) for path, (param, _) in entries.items()} | hand
@@ -81,8 +98,39 @@ def derive(spec: SweepSpec) -> Derived:
     check_space_types(derived, "search.auto")
     # the validated space in a copy of the spec as written: the fields it set stay the ones it set
     # (the auto strategy, plan/strategy.py, chooses only what the spec does not write)
-    search = spec.search.model_copy(update={"space": derived.search.space, "auto": None})
-    return Derived(spec.model_copy(update={"search": search}), {path: sources[path] for path in space})
+    search = spec.search.model_copy(
+        update={"space": derived.search.space, "auto": None, "family_round": _round(spec, families)}
+    )
+    return Derived(spec.model_copy(update={"search": search}), {path: sources[path] for path in space}, families)
+
+
+def _round(spec: SweepSpec, families: Families) -> FamilyRound | None:
+    """The first round across the families, when there are several and the spec sets none."""
+    search = spec.search
+    # Ray Tune has no round (spec/search.py OPTUNA_ONLY); several objectives rank no family first
+    if search.family_round is not None or len(families.names) < 2 or search.backend != "optuna" or len(spec.goals) > 1:
+        return search.family_round
+    return FamilyRound.at_low_fidelity(families.names, spec.train.epochs)
+
+
+def _conditioned(hand: dict[str, sp.Param], families: Families) -> dict[str, sp.Param]:
+    """Hand-written ``model.args.*`` entries with no condition on ``model.plugin``, conditioned on
+    the families that take the argument (they were written for the spec's own models)."""
+    out = {}
+    for path, param in hand.items():
+        when: dict[str, Any] = dict(param.when or {})
+        if path.startswith("model.args.") and "model.plugin" not in when:
+            arg = path.removeprefix("model.args.")
+            owners = [
+                name
+                for name in families.names
+                if (accepted := accepted_args(registry.get("models", name))) is None or arg in accepted
+            ]
+            if len(owners) < len(families.names):
+                when["model.plugin"] = owners[0] if len(owners) == 1 else owners
+                param = param.model_copy(update={"when": when})
+        out[path] = param
+    return out
 
 
 def _candidates(spec: SweepSpec, section: str, kind: str, auto: AutoSpaceSpec) -> list[str]:
@@ -107,10 +155,12 @@ def _candidates(spec: SweepSpec, section: str, kind: str, auto: AutoSpaceSpec) -
 
 
 def _plugin_arguments(
-    spec: SweepSpec, section: str, kind: str, names: list[str], hand: dict[str, sp.Param]
+    spec: SweepSpec, section: str, kind: str, names: list[str], hand: dict[str, sp.Param], added: bool = False
 ) -> dict[str, tuple[sp.Param, str]]:
     """``{section}.args.*`` entries from the candidates' priors (not those the spec fixes or
-    writes by hand), each conditioned on the plugins that declare it when not all of them do."""
+    writes by hand), each conditioned on the plugins that declare it when not all of them do.
+    ``added``: the candidates include families the data brought (no user listed them), so priors
+    that cannot share an entry are not an error: the first family's kind of prior is searched."""
     fixed = getattr(spec, section).args
     claims: dict[str, list[tuple[str, Declared]]] = {}
     for name in names:
@@ -120,6 +170,8 @@ def _plugin_arguments(
     out = {}
     for arg, claimed in claims.items():
         path = f"{section}.args.{arg}"
+        if added:  # families the data brought: those whose priors cannot share one entry keep their defaults
+            claimed = _sharing(path, claimed, kind)
         owners = [name for name, _ in claimed]
         param = _envelope(path, [prior.param for _, prior in claimed], owners, kind)
         when: dict[str, Any] = {}
@@ -135,6 +187,21 @@ def _plugin_arguments(
         param = param.model_copy(update={"when": when or None})
         out[path] = (param, _origin(kind, claimed))
     return out
+
+
+def _sharing(path: str, claimed: list[tuple[str, Declared]], kind: str) -> list[tuple[str, Declared]]:
+    """The claims of an argument that one entry can hold: the first (the spec's family first),
+    and each later one whose prior and condition are alike to those kept so far."""
+    kept = [claimed[0]]
+    for claim in claimed[1:]:
+        group = [*kept, claim]
+        try:
+            _envelope(path, [prior.param for _, prior in group], [name for name, _ in group], kind)
+        except UserError:
+            continue
+        if claim[1].when == kept[0][1].when:
+            kept.append(claim)
+    return kept
 
 
 def _origin(kind: str, claimed: list[tuple[str, Declared]]) -> str:

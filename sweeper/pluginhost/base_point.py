@@ -32,6 +32,15 @@ def base_point(spec: SweepSpec) -> dict[str, Any]:
     return chosen
 
 
+def family_points(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The first round's trials (``search.family_round``): the base point of each family, in
+    the round's order; none without a round."""
+    round_ = spec.search.family_round
+    if round_ is None:
+        return []
+    return [base_point(spec.with_values({"model.plugin": family})) for family in round_.families]
+
+
 def _preferred(spec: SweepSpec, tree: dict[str, Any], path: str, chosen: dict[str, Any]) -> Any:
     """The value the spec fixes at ``path``, else the plugin's default for it (None: neither)."""
     fixed = _at(tree, path)

@@ -22,7 +22,7 @@ from sweeper.phases import phase
 from sweeper.plan import sized_space
 from sweeper.plan.resolve import resolve_sweep
 from sweeper.plan.sized_space import Sized
-from sweeper.pluginhost.base_point import base_point
+from sweeper.pluginhost.base_point import base_point, family_points
 from sweeper.search import backend, checkpoints, pool
 from sweeper.search.backend import Observer, SearchContext, SearchResult
 from sweeper.search.interim import InterimReview
@@ -255,9 +255,11 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
 
 
 def _base(spec: SweepSpec) -> list[dict[str, Any]]:
-    """search.base_first: the base point, the sweep's first trial (in the space the LR warm start
-    narrowed); prepared once and stored with the sweep, so a resume does not run it again."""
-    return [base_point(spec)] if spec.search.base_first and spec.search.space else []
+    """The sweep's first trials (in the space the LR warm start narrowed): the family round's
+    (search.family_round: slots 0 to families - 1), then with search.base_first the base point;
+    prepared once and stored with the sweep, so a resume does not run them again."""
+    base = [base_point(spec)] if spec.search.base_first and spec.search.space else []
+    return [*family_points(spec), *base]
 
 
 def _serve(spec: SweepSpec, serving: Serving, sized: list[str] | None) -> dict[str, Any]:

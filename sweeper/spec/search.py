@@ -110,6 +110,7 @@ OPTUNA_ONLY = {
     "fuse": "nothing yet: Ray Tune runs one trial per actor",
     "warm_start": "nothing yet: Ray Tune starts each sweep from scratch",
     "base_first": "nothing yet: Ray Tune's first trial is its sampler's",
+    "family_round": "nothing yet: Ray Tune searches every family throughout",
 }
 
 
@@ -133,6 +134,51 @@ class AutoSpaceSpec(Strict):
     schedules: list[str] | None = Field(default=None, min_length=1)
     # the training settings that matter too: train.batch_size, train.label_smoothing (classification)
     train: bool = True
+
+
+# The family round: trials of a ninth of the epochs, half the families kept (FamilyRound).
+ROUND_FRACTION = 9
+ROUND_KEEP = 2
+
+
+class FamilyRound(Strict):
+    """The first round across model families (set by ``search.auto`` when the data brought
+    several, pluginhost/auto_space.py): trial k of the sweep, for k < len(families), trains
+    family k at its base point for ``epochs`` epochs and stops there; then the search goes on
+    within the ``keep`` families whose round trial scored best (its objective at its last
+    epoch). Decided from those trials' results only, so the same for 1 or N workers."""
+
+    families: list[str] = Field(min_length=2)
+    epochs: int = Field(ge=1, le=MAX_EPOCHS)
+    keep: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _keep_fewer(self) -> FamilyRound:
+        if self.keep >= len(self.families):
+            raise ValueError(
+                f"search.family_round.keep ({self.keep}) must be below the number of families ({len(self.families)})"
+            )
+        return self
+
+    def within(self, choices: list[Any]) -> FamilyRound | None:
+        """This round over those of its families still among ``choices`` (after sizing dropped
+        some); None where fewer than two are left."""
+        left = [f for f in self.families if f in choices]
+        if len(left) < 2:
+            return None
+        return self.model_copy(update={"families": left, "keep": min(self.keep, len(left) - 1)})
+
+    @classmethod
+    def at_low_fidelity(cls, families: list[str], epochs: int) -> FamilyRound | None:
+        """The round the auto space sets: each family for a ninth of the epochs (Hyperband's
+        lowest rung at reduction factor 3, two rungs below the full run), and half the families
+        kept, rounded up (of 2 or 3 families, 1 or 2; of 4, 2): successive halving's first cut,
+        no deeper, as a ranking at a ninth of the run is noisy. None where a ninth of the epochs
+        would be the whole run: there is no low fidelity to try them at."""
+        low = -(-epochs // ROUND_FRACTION)
+        if low >= epochs:
+            return None
+        return cls(families=list(families), epochs=low, keep=-(-len(families) // ROUND_KEEP))
 
 
 class SearchSpec(Strict):
@@ -202,6 +248,7 @@ class SearchSpec(Strict):
     # parameter at the spec's value, else the plugin's default, else its range's centre. A known
     # reasonable trial first: the sampler's random start may open with slow or weak points.
     base_first: bool = False
+    family_round: FamilyRound | None = None
     # Earlier sweeps whose finished trials seed this one (search/optuna/earlier.py): an output
     # folder, a storage URL with #study_name, or mlflow:EXPERIMENT. Read once, when the sweep starts.
     warm_start: list[str] = Field(

@@ -2,7 +2,12 @@
 trials of the batches before batch b (named by its first slot), from which batch b's trials are
 sampled (by a sampler seeded from the sweep's "sampler" stream at b) and against which its trials
 are pruned (each trial's "shadow"). Whichever process computes them, they are functions of the
-seed and of the earlier batches' results only, never of timing."""
+seed and of the earlier batches' results only, never of timing.
+
+After the family round (``search.family_round``: the sweep's first slots), a batch samples from
+the space with ``model.plugin`` narrowed to the round's survivors, and its views hold the trials
+of those families only (the search within the survivors). The trials keep the full space's
+distributions in the study, which holds every family's trials."""
 
 from __future__ import annotations
 
@@ -13,7 +18,16 @@ from optuna.trial import FrozenTrial
 
 from sweeper.review.study_view import distribution
 from sweeper.search.optuna import rdb
-from sweeper.search.optuna.study import BATCH, FINISHED, SLOT, directions, interrupted, make_pruner, make_sampler
+from sweeper.search.optuna.study import (
+    BATCH,
+    FINISHED,
+    SLOT,
+    directions,
+    earlier,
+    interrupted,
+    make_pruner,
+    make_sampler,
+)
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.trial.seeding import sampler_seed
@@ -27,6 +41,35 @@ class EarlierBatches:
         self.enqueue = enqueue  # the params of the sweep's first slots (the LR warm start)
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)
+        self._survivors: list[str] | None = None  # the family round's, once every round trial finished
+
+    def space(self, batch: int) -> dict[str, sp.Param]:
+        """The space the batch starting at slot ``batch`` samples from: after the family round
+        (every slot of the round before ``batch``), ``model.plugin`` among the round's survivors."""
+        full = self.spec.search.space
+        round_ = self.spec.search.family_round
+        families = full.get("model.plugin")
+        if round_ is None or batch < len(round_.families) or not isinstance(families, sp.CategoricalParam):
+            return full
+        kept = self.survivors()
+        return {**full, "model.plugin": families.model_copy(update={"choices": kept})}
+
+    def survivors(self) -> list[str]:
+        """The family round's best ``keep`` families, best first: by their round trial's objective
+        at its last epoch (a trial without one, failed, ranks last; a tie keeps the round's order)."""
+        round_ = self.spec.search.family_round
+        assert round_ is not None
+        if self._survivors is None:
+            n = len(round_.families)
+            scores = {}
+            for t in self.study.get_trials(deepcopy=False, states=FINISHED):
+                slot = t.user_attrs.get(SLOT)
+                if slot is not None and slot < n and not interrupted(t) and not earlier(t):
+                    scores[slot] = _last_value(t)
+            sign = 1.0 if self.spec.objective.direction == "maximize" else -1.0
+            ranked = sorted(range(n), key=lambda k: (scores.get(k) is None, -sign * (scores.get(k) or 0.0), k))
+            self._survivors = [round_.families[k] for k in ranked[: round_.keep]]
+        return self._survivors
 
     def finished_before(self, batch: int) -> list[FrozenTrial]:
         """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
@@ -36,15 +79,15 @@ class EarlierBatches:
                 for t in self.study.get_trials(deepcopy=True, states=FINISHED)
                 if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch
             ]
-            fitted = [f for f in (self._fitted(t) for t in done) if f is not None]
+            space = self.space(batch)
+            fitted = [f for f in (self._fitted(t, space) for t in done) if f is not None]
             self.snapshot = (batch, sorted(fitted, key=lambda t: t.user_attrs.get(SLOT, t.number)))
         return self.snapshot[1]
 
-    def _fitted(self, t: FrozenTrial) -> FrozenTrial | None:
-        """A trial of an earlier space version (the sweep resumed in a changed space) as a point of
-        this space (``space.fit``), which the sampler compares with its own; None if it is none.
-        A trial of this space is itself."""
-        space = self.spec.search.space
+    def _fitted(self, t: FrozenTrial, space: dict[str, sp.Param]) -> FrozenTrial | None:
+        """A trial of an earlier space version (the sweep resumed in a changed space, or a family
+        the round dropped) as a point of ``space`` (``space.fit``), which the sampler compares with
+        its own; None if it is none. A trial of this space is itself."""
         if all(path in space and d == distribution(space[path]) for path, d in t.distributions.items()):
             return t
         params = sp.fit(space, t.params)
@@ -79,11 +122,23 @@ class EarlierBatches:
         """The trials (params and distributions) of the batch starting at slot ``batch``: a
         function of the seed and of the earlier batches' results only (whichever process computes it)."""
         view = self.view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)))
+        space, full = self.space(batch), self.spec.search.space
         out = []
         for slot in range(batch, batch + size):
-            if slot < len(self.enqueue):
+            # a first trial of a family the round dropped (search.base_first's) is sampled instead
+            if slot < len(self.enqueue) and sp.fit(space, self.enqueue[slot]) is not None:
                 view.enqueue_trial(self.enqueue[slot])
             trial = view.ask()
-            sp.suggest(self.spec.search.space, trial)
-            out.append(rdb.stored(view, rdb.trial_id(trial)))
+            sp.suggest(space, trial)
+            stored = rdb.stored(view, rdb.trial_id(trial))
+            if space is not full:  # stored in the study with the full space's distributions
+                stored.distributions = {path: distribution(full[path]) for path in stored.params}
+            out.append(stored)
         return out
+
+
+def _last_value(t: FrozenTrial) -> float | None:
+    """A trial's objective at its last epoch (a complete trial's value), None without one."""
+    if t.intermediate_values:
+        return t.intermediate_values[max(t.intermediate_values)]
+    return t.value if t.values is not None else None

@@ -21,7 +21,18 @@ from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import EarlierBatches
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.recovery import Breaker, Recovery
-from sweeper.search.optuna.study import ACCUMULATE, BATCH, INFO, OPTUNA_STATES, RESUME, RETRY_OF, record, records, seed
+from sweeper.search.optuna.study import (
+    ACCUMULATE,
+    BATCH,
+    INFO,
+    OPTUNA_STATES,
+    RESUME,
+    RETRY_OF,
+    SLOT,
+    record,
+    records,
+    seed,
+)
 from sweeper.search.trial_runs import close_trial_run, log_sweep_dataset, open_trial_run
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
@@ -43,6 +54,7 @@ class LiveTrial:
     lost: bool = False  # another process failed it: this process's lease had run out
     epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
     carried: dict[str, Any] = field(default_factory=dict)  # the shadow's system attrs written to the trial
+    round_epochs: int | None = None  # a trial of the family round: the epoch it ends at
 
     @property
     def trial_id(self) -> int:
@@ -109,7 +121,7 @@ class LiveTrials:
             str(trial_path(self.ctx.out_dir, trial.number)),
             resume=resume if resume is not None and Path(resume).exists() else None,
         )
-        self.live[trial.number] = LiveTrial(trial, config, None, shadow)
+        self.live[trial.number] = LiveTrial(trial, config, None, shadow, round_epochs=self._round_epochs(trial))
         return config
 
     def _open(self, trial: optuna.Trial, config: TrialConfig) -> None:
@@ -139,6 +151,13 @@ class LiveTrials:
         in-memory shadow study only, so a waiting worker gets its answer at once."""
         live = self.live[number]
         value = metrics[self.spec.objective.metric]
+        if live.round_epochs is not None and epoch >= live.round_epochs:  # the family round's trials end here
+            if live.shadow is None:
+                self._guard(number, lambda: live.trial.report(value, epoch))
+                live.epochs[epoch] = value
+            else:
+                live.shadow.report(value, epoch)
+            return True
         if len(self.spec.goals) > 1:  # no pruner compares several objectives: each trial runs to its end
             if live.shadow is None:
                 live.epochs[epoch] = value
@@ -149,6 +168,12 @@ class LiveTrials:
             return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
         return live.lost or live.shadow.should_prune()
+
+    def _round_epochs(self, trial: optuna.Trial) -> int | None:
+        """The epoch a trial of the family round (the sweep's first slots) ends at; None for others."""
+        round_ = self.spec.search.family_round
+        slot = trial.user_attrs.get(SLOT)
+        return round_.epochs if round_ is not None and slot is not None and slot < len(round_.families) else None
 
     def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
         """The slow part of an epoch (storage, MLflow, display), done after the worker has its answer."""
@@ -227,7 +252,12 @@ class LiveTrials:
             )
         if outcome.state == TrialState.FAILED and outcome.failure == FailureKind.OUT_OF_MEMORY and not live.lost:
             reason = self.recovery.retry_oom(live.config, live.trial, reason or FailureKind.OUT_OF_MEMORY.value)
-        if outcome.state == TrialState.PRUNED:
+        if outcome.state == TrialState.PRUNED and live.round_epochs is not None:
+            reason = (
+                f"family round: {live.config.params.get('model.plugin')} stopped at epoch {len(outcome.history)} "
+                f"of {self.spec.train.epochs} ({metric}={outcome.history[-1][metric]:.4g})"
+            )
+        elif outcome.state == TrialState.PRUNED:
             reason = (
                 f"{reason} by the {self.spec.search.pruner.type} pruner ({metric}={outcome.history[-1][metric]:.4g})"
             )

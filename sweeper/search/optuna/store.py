@@ -142,7 +142,8 @@ class LedgerStore:
         prepared = make()
         if learned is not None:  # the same first trials: the slots' params do not depend on who prepared
             measured = learned.get("measured_already", [])
-            enqueue = [*learned.get("re_evaluated", []), *(p for p in prepared.enqueue if p not in measured)]
+            round_, own = _round_first(spec, prepared.enqueue)
+            enqueue = [*round_, *learned.get("re_evaluated", []), *(p for p in own if p not in measured)]
             prepared = prepared.model_copy(update={"warm_start": learned, "enqueue": enqueue})
         elif spec.search.warm_start:
             prepared = self._learn(prepared.apply(spec), prepared)
@@ -158,12 +159,13 @@ class LedgerStore:
         found, learned = earlier.lessons(spec)
         earlier.seed(spec, self.study, found)
         first = earlier.best(spec, found)
-        own = earlier.unmeasured(found, prepared.enqueue)
-        measured = [point for point in prepared.enqueue if point not in own]
+        round_, rest = _round_first(spec, prepared.enqueue)
+        own = earlier.unmeasured(found, rest)
+        measured = [point for point in rest if point not in own]
         learned.update(observations=len(found), re_evaluated=first)
         if measured:
             learned.update(measured_already=measured)
-        return prepared.model_copy(update={"enqueue": [*first, *own], "warm_start": learned})
+        return prepared.model_copy(update={"enqueue": [*round_, *first, *own], "warm_start": learned})
 
     def _new_space(self, sweep: Sweep, mine: dict[str, Any]) -> None:
         """Record ``mine``'s search.space as the sweep's next space version (once), after checking
@@ -210,3 +212,11 @@ class LedgerStore:
             except Exception:  # the database is gone: the member's heartbeat simply stops
                 pass
         self.ledger.close()
+
+
+def _round_first(spec: SweepSpec, enqueue: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The family round's trials (the first of ``enqueue``, search.family_round) and the rest:
+    the round keeps slots 0 to families - 1 whatever earlier sweeps add, and is run even where
+    an earlier sweep measured a family's base point (the round compares this sweep's trials)."""
+    n = len(spec.search.family_round.families) if spec.search.family_round is not None else 0
+    return enqueue[:n], enqueue[n:]
