@@ -196,3 +196,17 @@ def test_the_search_ends_on_the_family_the_data_needs_with_one_table_for_any_wor
 def _survivors(round_trials: list[dict], keep: int) -> list[str]:
     ranked = sorted(round_trials, key=lambda t: -t["value"])
     return [t["params"]["model.plugin"] for t in ranked[:keep]]
+
+
+def test_what_the_spec_fixes_for_its_model_stays_with_the_families_that_take_it():
+    """search_spaces/digits.yaml fixes cnn's blocks and searches its channels by hand: under
+    --auto both stay cnn's, and the MLP and ResNet-18 the images bring train at their own."""
+    derived = derive(load(SPACES / "digits.yaml", [], auto=True))
+    space = derived.spec.search.space
+    assert space["model.plugin"].choices == ["cnn", "mlp", "resnet18"]
+    assert "blocks" not in derived.spec.model.args and "channels" not in derived.spec.model.args
+    assert space["model.args.blocks"].choices == [2] and space["model.args.blocks"].when == {"model.plugin": "cnn"}
+    assert space["model.args.channels"].choices == [8, 16, 32]
+    assert space["model.args.channels"].when == {"model.plugin": "cnn"}
+    assert derived.sources["model.args.blocks"].startswith("model.args (fixed in the spec")
+    assert space["model.args.hidden"].when == {"model.plugin": "mlp"}

@@ -59,10 +59,11 @@ def derive(spec: SweepSpec, refused: dict[str, str] | None = None) -> Derived:
     build refused (name -> why), left out. Raises UserError naming the path of a plugin that is
     unknown, a prior that is malformed, or a derived space the spec refuses."""
     auto = spec.search.auto
-    hand = dict(spec.search.space)
     if auto is None:
-        return Derived(spec, dict.fromkeys(hand, HAND_WRITTEN))
+        return Derived(spec, dict.fromkeys(spec.search.space, HAND_WRITTEN))
     families = find_families(spec, auto.models, refused)
+    spec, moved = _fixed_for_their_families(spec, families)
+    hand = dict(spec.search.space)
     entries: dict[str, tuple[sp.Param, str]] = {}
     for section, kind in SEARCHED_SECTIONS.items():
         names = families.names if section == "model" else _candidates(spec, section, kind, auto)
@@ -80,7 +81,7 @@ def derive(spec: SweepSpec, refused: dict[str, str] | None = None) -> Derived:
     if auto.train:
         entries.update(_training(spec, hand))
     space = {path: hand.get(path, param) for path, (param, _) in entries.items()} | hand
-    sources = {path: HAND_WRITTEN if path in hand else entries[path][1] for path in space}
+    sources = {path: moved.get(path, HAND_WRITTEN) if path in hand else entries[path][1] for path in space}
     space = _settle_conditions(spec, space)
     tree = spec.model_dump()
     tree["search"]["space"] = {path: param.model_dump(exclude_none=True) for path, param in space.items()}
@@ -111,6 +112,32 @@ def _round(spec: SweepSpec, families: Families) -> FamilyRound | None:
     if search.family_round is not None or len(families.names) < 2 or search.backend != "optuna" or len(spec.goals) > 1:
         return search.family_round
     return FamilyRound.at_low_fidelity(families.names, spec.train.epochs)
+
+
+def _fixed_for_their_families(spec: SweepSpec, families: Families) -> tuple[SweepSpec, dict[str, str]]:
+    """``spec`` with each argument it fixes in model.args that not every family takes moved into
+    search.space as a one-value choice conditioned on the families that take it (the families
+    the data brought train at their own defaults there), and where each moved entry came from."""
+    if not families.added:
+        return spec, {}
+    takers = {name: accepted_args(registry.get("models", name)) for name in families.names}
+    args, space, moved = dict(spec.model.args), dict(spec.search.space), {}
+    for arg, value in spec.model.args.items():
+        owners = [name for name, accepted in takers.items() if accepted is None or arg in accepted]
+        path = f"model.args.{arg}"
+        if len(owners) == len(families.names):
+            continue
+        del args[arg]
+        if path in space:  # searched by hand too: that entry wins, conditioned on its families (_conditioned)
+            continue
+        when: Any = owners[0] if len(owners) == 1 else owners
+        space[path] = sp.CategoricalParam(type="categorical", choices=[value], when={"model.plugin": when})
+        moved[path] = f"model.args (fixed in the spec; the families that take it: {', '.join(owners)})"
+    if args == spec.model.args:
+        return spec, {}
+    model = spec.model.model_copy(update={"args": args})
+    search = spec.search.model_copy(update={"space": space})
+    return spec.model_copy(update={"model": model, "search": search}), moved
 
 
 def _conditioned(hand: dict[str, sp.Param], families: Families) -> dict[str, sp.Param]:

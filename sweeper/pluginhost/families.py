@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sweeper.errors import UserError
 from sweeper.plugin import DATA_KIND_ATTR, DATA_KINDS, DATA_KINDS_ATTR
 from sweeper.pluginhost import registry
-from sweeper.pluginhost.binding import accepted_args, plugin_choices
+from sweeper.pluginhost.binding import plugin_choices
 from sweeper.spec import SweepSpec
 
 
@@ -114,8 +114,6 @@ def find(spec: SweepSpec, listed: list[str] | None, refused: dict[str, str] | No
                 candidates.append(Family(name, f"named by the spec (though it {why})"))
             else:
                 out.append(Family(name, why))
-        elif (unfit := _refuses_fixed_args(spec, name)) is not None and name not in named:
-            out.append(Family(name, unfit))
         else:
             fits = f"takes {kind}s; the data set {shown}" if kind else f"takes {', '.join(declared)}"
             candidates.append(Family(name, f"{by}; {fits}" if by else fits))
@@ -134,17 +132,3 @@ def _installed() -> list[str]:
     plugins = registry.list_plugins("models")
     clash = registry.collisions(plugins)
     return [p.qualified if ("models", p.name) in clash else p.name for p in plugins]
-
-
-def _refuses_fixed_args(spec: SweepSpec, name: str) -> str | None:
-    """Why model plugin ``name`` cannot take the arguments the spec fixes in model.args, or None."""
-    accepted = accepted_args(registry.get("models", name))
-    if accepted is None:
-        return None
-    strangers = [arg for arg in spec.model.args if arg not in accepted]
-    if not strangers:
-        return None
-    return (
-        f"does not take model.args.{strangers[0]}, which the spec fixes for '{spec.model.plugin}' "
-        f"(write it in search.space with when: {{model.plugin: {spec.model.plugin}}} to try this family too)"
-    )
