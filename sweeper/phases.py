@@ -42,3 +42,26 @@ def record(name: str, start: float, end: float, path: str | None = None) -> None
     line = {"phase": name, "start": start, "end": end, "thread": threading.current_thread().name}
     with open(path, "a", encoding="utf-8") as file:  # one write of one line: lines never interleave
         file.write(json.dumps({**line, "pid": os.getpid()}) + "\n")
+
+
+# The moment the command was launched (time.time() seconds), where a harness knows it better than
+# the process does (a test running commands in one process sets it per command).
+LAUNCHED_ENV = "SWEEPER_LAUNCHED_AT"
+_IMPORTED_AT = time.time()
+
+
+def launched_at() -> float:
+    """When this command was launched (time.time() seconds): $SWEEPER_LAUNCHED_AT, else the
+    process's start as Linux records it (before the interpreter's own start-up), else when this
+    module was first imported. What search.budget's clock counts from (plan/budget_clock.py)."""
+    given = os.environ.get(LAUNCHED_ENV)
+    if given:
+        return float(given)
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            ticks = int(stat.read().rpartition(")")[2].split()[19])  # field 22: starttime, after the name
+        with open("/proc/uptime", encoding="ascii") as uptime:
+            up = float(uptime.read().split()[0])  # seconds since boot, to 10 ms (btime is whole seconds)
+        return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -67,7 +68,8 @@ def invoke(args: list[str], env: dict[str, str], timeout: float = 600) -> subpro
         previous = signal.signal(signal.SIGALRM, expired)
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
-            result = CliRunner().invoke(app, args, prog_name="sweeper", env=env, catch_exceptions=True)
+            launched = {"SWEEPER_LAUNCHED_AT": str(time.time())}  # this command's launch (search.budget's clock)
+            result = CliRunner().invoke(app, args, prog_name="sweeper", env={**launched, **env}, catch_exceptions=True)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)

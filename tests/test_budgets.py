@@ -194,3 +194,37 @@ def test_a_time_limit_waits_for_the_end_of_a_shield_and_never_raises_after_its_b
         pass
     with TimeLimit(None):  # no limit: no watchdog
         pass
+
+
+def test_a_budget_ends_the_sweep_on_the_clock(workdir: Path):
+    """Issue #55 item 4: search.budget is true to the clock. B device-seconds on 1 worker of 1
+    thread buy B seconds of wall clock from the launch of `sweeper run`, start-up and the finish
+    included: the process ends within 1.1 x B (and not long before: the trials use the clock),
+    the trials running at the end stopped by it, no further trial claimed."""
+    import subprocess
+    import time
+
+    wall_s = 40.0
+    spec = write_spec(
+        workdir / "spec.yaml",
+        train={"epochs": 3, "batch_size": 32, "device": "cpu", "cpu_threads": 1},
+        search={
+            "sampler": "random",
+            "n_trials": 100_000,  # never the limit
+            "budget": {"device_hours": wall_s / 3600},
+            "space": {"optimizer.args.lr": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
+        },
+    )
+    checked = sweeper("validate", str(spec), check=True).stdout
+    assert "#   search.budget ends within 40 s of wall clock from launch (40 device-s on 1 device(s))" in checked
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sweeper", "run", str(spec), "--out", "out"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    took = time.time() - started
+    assert proc.returncode == 0, proc.stderr
+    assert 0.75 * wall_s <= took <= 1.1 * wall_s, f"{took:.1f} s for a clock of {wall_s:.0f} s\n{proc.stderr}"
+    assert "search.budget's clock ran out" in proc.stdout + proc.stderr
+    trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
+    assert len(trials) > 10 and all(t["state"] in ("complete", "pruned") for t in trials)

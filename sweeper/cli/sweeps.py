@@ -23,6 +23,7 @@ from sweeper.phases import phase
 from sweeper.plugin import LISTED  # cheap: no torch, no plugin
 
 if TYPE_CHECKING:
+    from sweeper.plan.resolve import Resolved
     from sweeper.spec import SweepSpec
 
 
@@ -247,7 +248,7 @@ def validate(
     with where each entry comes from, and the budget."""
     import yaml
 
-    from sweeper.plan import sized_space
+    from sweeper.plan import budget_clock, sized_space
     from sweeper.plan.resolve import resolve_sweep
     from sweeper.pluginhost.auto_space import provenance_lines
     from sweeper.pluginhost.binding import provenance
@@ -261,23 +262,15 @@ def validate(
     typer.echo("# search space:" if sweep.search.space else "# search space: empty")
     for line in provenance_lines(resolved.space):
         typer.echo(f"#   {line}")
-    families = resolved.space.families
-    if families is not None and (families.added or families.refused):
-        kind = f"the data set gives {families.kind}s" if families.kind else "the data set declares no kind of data"
-        typer.echo(f"# model families ({kind}; docs/strategy.md#model-families):")
-        for line in families.lines():
-            typer.echo(f"#   {line}")
-        round_ = sweep.search.family_round
-        if round_ is not None:
-            typer.echo(
-                f"#   first round: each family for {round_.epochs} of {sweep.train.epochs} epochs, "
-                f"then the search within the best {round_.keep}"
-            )
+    for line in _family_lines(resolved):
+        typer.echo(line)
     if resolved.sized is not None:
         typer.echo("# sized to the budget (timed here; `sweeper run` sizes again on its machine):")
         for change in resolved.sized or ["search.space: nothing dropped, every choice fits"]:
             typer.echo(f"#   {change}")
     typer.echo(f"# budget: {sweep.budget()}")
+    if (clock := budget_clock.clock(sweep)) is not None:
+        typer.echo(f"#   search.budget {clock.describe()}")
     if resolved.choices:
         typer.echo("# strategy (search.sampler/pruner: auto; docs/strategy.md):")
         for choice in resolved.choices:
@@ -291,6 +284,23 @@ def validate(
         from sweeper.plan.estimate import estimate as time_steps
 
         typer.echo(time_steps(sweep).describe())
+
+
+def _family_lines(resolved: Resolved) -> list[str]:
+    """`validate`'s lines on the model families: the candidates, the refused, the first round."""
+    families, sweep = resolved.space.families, resolved.spec
+    if families is None or not (families.added or families.refused):
+        return []
+    kind = f"the data set gives {families.kind}s" if families.kind else "the data set declares no kind of data"
+    lines = [f"# model families ({kind}; docs/strategy.md#model-families):"]
+    lines += [f"#   {line}" for line in families.lines()]
+    round_ = sweep.search.family_round
+    if round_ is not None:
+        lines.append(
+            f"#   first round: each family for {round_.epochs} of {sweep.train.epochs} epochs, "
+            f"then the search within the best {round_.keep}"
+        )
+    return lines
 
 
 def _check_earlier(spec: SweepSpec) -> None:

@@ -120,7 +120,8 @@ class BudgetSpec(Strict):
     device_hours: float = Field(
         gt=0,
         le=MAX_DEVICE_HOURS,
-        description="device-hours of trials: GPU-hours on CUDA, core-hours (torch threads) on the CPU",
+        description="device-hours the sweep holds (GPU-hours on CUDA, core-hours of torch threads on the CPU), "
+        "start-up and finish included: `sweeper run` ends within device_hours / devices of wall clock",
     )
 
 
@@ -199,8 +200,9 @@ class SearchSpec(Strict):
         le=MAX_SECONDS,
         description="seconds from the start (or resume) of the sweep by `sweeper run`; no trial is claimed after it",
     )
-    # No trial is claimed once the finished trials' device time reaches it (with n_trials and
-    # timeout: whichever comes first); the trials running then finish.
+    # `sweeper run`: the sweep ends within budget / devices of wall clock from its launch
+    # (plan/budget_clock.py); every process: no trial is claimed once the finished trials' device
+    # time reaches it (with n_trials and timeout: whichever comes first).
     budget: BudgetSpec | None = None
     parallel: int = Field(default=1, ge=1, le=MAX_PROCESSES, description="worker processes on this machine")
     # Reproducible: trials are proposed in batches of batch_size and pruned against the trials of

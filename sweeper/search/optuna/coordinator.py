@@ -35,6 +35,7 @@ import optuna
 import torch
 
 from sweeper.errors import TrialPreempted
+from sweeper.phases import launched_at
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease
 from sweeper.search.optuna.batches import EarlierBatches
@@ -84,6 +85,8 @@ class Coordinator:
         while True:
             self.recovery.recover(self.live.ids())
             sweep = self._read()
+            if self.spec.search.budget is not None:  # the ledger's deadline holds search.budget's clock
+                self.live.clock_end = sweep.deadline()
             if executor.slots and self.pending:  # claimed already: they run even after a stop request
                 executor.submit(self.pending.pop(0))
                 continue
@@ -110,6 +113,8 @@ class Coordinator:
                     raise self.breaker.stopped
                 if sweep.device_budget_spent():
                     self.observer.note(budget_spent(sweep, self.device_unit))
+                elif self.spec.search.budget is not None and clock_ran_out(sweep):
+                    self.observer.note(clock_ran_out(sweep))
                 return
             # a queue's worker: another sweep has a trial to claim while this one's batch runs
             # elsewhere (not while another process holds the lock for a moment: it proposes)
@@ -146,3 +151,15 @@ def budget_spent(sweep: Sweep, unit: str) -> str:
     cap = sweep.device_budget_s() or 0.0
     spent = sweep.device_seconds / 3600
     return f"device-hour budget spent: {spent:.4g} of {cap / 3600:.4g} {unit}; no further trial claimed"
+
+
+def clock_ran_out(sweep: Sweep) -> str:
+    """The line that says why a sweep with search.budget stopped claiming trials at its clock's
+    deadline (the ledger's); '' before it."""
+    end = sweep.deadline()
+    if end is None or time.time() < end:
+        return ""
+    return (
+        f"search.budget's clock ran out: trials until {end - launched_at():.1f} s from launch, the rest kept "
+        "for the finish; no further trial claimed (docs/strategy.md#a-budget-true-to-the-clock)"
+    )

@@ -7,6 +7,7 @@ memory) and to the circuit breaker."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ class LiveTrial:
     epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
     carried: dict[str, Any] = field(default_factory=dict)  # the shadow's system attrs written to the trial
     round_epochs: int | None = None  # a trial of the family round: the epoch it ends at
+    epoch_began: float = field(default_factory=time.time)  # when its current epoch began (time.time())
+    clock_stopped: bool = False  # stopped by search.budget's clock, not by the pruner
 
     @property
     def trial_id(self) -> int:
@@ -84,6 +87,9 @@ class LiveTrials:
         kept = checkpoints.kept(spec, done)
         self.kept = [r for r in done if r.number in kept]  # whose checkpoints are kept so far
         self.noted: set[str] = set()  # fallback reasons already said
+        # search.budget's clock: no epoch may end past it (time.time(); the coordinator sets it
+        # from the ledger's deadline); None: epochs are never stopped by the clock
+        self.clock_end: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self.live)
@@ -151,7 +157,12 @@ class LiveTrials:
         in-memory shadow study only, so a waiting worker gets its answer at once."""
         live = self.live[number]
         value = metrics[self.spec.objective.metric]
-        if live.round_epochs is not None and epoch >= live.round_epochs:  # the family round's trials end here
+        now = time.time()
+        epoch_s, live.epoch_began = now - live.epoch_began, now
+        if self.clock_end is not None and epoch < self.spec.train.epochs and now + epoch_s > self.clock_end:
+            live.clock_stopped = True  # its next epoch would end past the budget's clock
+        ends_round = live.round_epochs is not None and epoch >= live.round_epochs
+        if ends_round or live.clock_stopped:  # the family round's trials end here, and the clock's
             if live.shadow is None:
                 self._guard(number, lambda: live.trial.report(value, epoch))
                 live.epochs[epoch] = value
@@ -252,7 +263,12 @@ class LiveTrials:
             )
         if outcome.state == TrialState.FAILED and outcome.failure == FailureKind.OUT_OF_MEMORY and not live.lost:
             reason = self.recovery.retry_oom(live.config, live.trial, reason or FailureKind.OUT_OF_MEMORY.value)
-        if outcome.state == TrialState.PRUNED and live.round_epochs is not None:
+        if outcome.state == TrialState.PRUNED and live.clock_stopped:
+            reason = (
+                f"search.budget's clock: epoch {len(outcome.history) + 1} would end past it "
+                f"({metric}={outcome.history[-1][metric]:.4g})"
+            )
+        elif outcome.state == TrialState.PRUNED and live.round_epochs is not None:
             reason = (
                 f"family round: {live.config.params.get('model.plugin')} stopped at epoch {len(outcome.history)} "
                 f"of {self.spec.train.epochs} ({metric}={outcome.history[-1][metric]:.4g})"

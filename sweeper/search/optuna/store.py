@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import UserError
+from sweeper.phases import launched_at
+from sweeper.plan import budget_clock
 from sweeper.search.optuna import study as studies
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep, find
@@ -110,7 +112,7 @@ class LedgerStore:
             self.ledger.join(role)
             self.joined = True
             self.heartbeat.start()
-        if self.ledger.create(mine, spec.search.n_trials, spec.search.timeout, self._existing()):
+        if self.ledger.create(mine, spec.search.n_trials, _timeout(spec, role, 0.0), self._existing()):
             return self._make(spec, make)
         while True:
             sweep = self._read()
@@ -127,7 +129,7 @@ class LedgerStore:
             if sweep.state == "ready":
                 prepared = Prepared.model_validate(sweep.prepared)
                 if role == Role.RUN:  # `sweeper run` sets the budget and restarts the timeout for everyone
-                    self.ledger.restart(mine, spec.search.n_trials, spec.search.timeout)
+                    self.ledger.restart(mine, spec.search.n_trials, _timeout(spec, role, sweep.device_seconds))
                 if prepared.tracking_uri != tracking_uri and role == Role.RUN and self.ledger.take_preparation(None):
                     return self._make(spec, make, prepared.warm_start)
                 return prepared
@@ -220,3 +222,15 @@ def _round_first(spec: SweepSpec, enqueue: list[dict[str, Any]]) -> tuple[list[d
     an earlier sweep measured a family's base point (the round compares this sweep's trials)."""
     n = len(spec.search.family_round.families) if spec.search.family_round is not None else 0
     return enqueue[:n], enqueue[n:]
+
+
+def _timeout(spec: SweepSpec, role: Role, spent_s: float) -> float | None:
+    """The seconds from now after which no trial is claimed: search.timeout, and for `sweeper
+    run` search.budget's clock (plan/budget_clock.py: counted from the command's launch, less
+    ``spent_s`` device-seconds spent before), whichever ends first. Workers that start a sweep
+    without `sweeper run` share its budget in device-seconds only: no launch to count from."""
+    budget = budget_clock.clock(spec, spent_s) if role == Role.RUN else None
+    if budget is None:
+        return spec.search.timeout
+    left = max(1e-3, budget.trials_s() - (time.time() - launched_at()))  # the ledger takes > 0
+    return left if spec.search.timeout is None else min(spec.search.timeout, left)
