@@ -1,10 +1,11 @@
-"""Issue #55 item 1: under `--auto` the model families come from the data. Every installed model
+"""Issue #55 items 1 and 2: under `--auto` the model families come from the data. Every installed model
 plugin that declares the data set's kind of data is a candidate (the spec's own first), one
 declaring another kind is refused with why, `search.auto.models` restricts; a family the data
 brought that fails on the data's samples is refused, not an error; a first round at low
-fidelity tries every family before the search within the best half; and on MNIST-1D with its
-positions shuffled, where the spec's sequence models are the wrong families, the sweep ends on
-the MLP, with the same trial table for 1 and 2 workers."""
+fidelity tries every family before the search within the best half, whose round trials are
+promoted (continued from their paused state, bitwise the uninterrupted run); and on MNIST-1D
+with its positions shuffled, where the spec's sequence models are the wrong families, the sweep
+ends on the MLP, with the same trial table for 1 and 2 workers."""
 
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ SHUFFLED = {
     "name": "shuffled",
     "dataset": {
         "plugin": "mnist1d",
-        "args": {"num_train": 2000, "num_val": 500, "num_test": 500, "shuffle_seq": True, "root": None},
+        "args": {"num_train": 3000, "num_val": 1000, "num_test": 1000, "shuffle_seq": True, "root": None},
     },
     "model": {"plugin": "conv1d"},
     "optimizer": {"plugin": "adamw", "args": {"lr": 3.0e-3, "weight_decay": 1.0e-4}},
@@ -185,17 +186,29 @@ def test_the_search_ends_on_the_family_the_data_needs_with_one_table_for_any_wor
         assert t["params"]["model.plugin"] == family and t["state"] == "pruned"
         assert t["reason"].startswith(f"family round: {family} stopped at epoch 1 of 9")
     # after the round (from the first batch of 4 that holds none of its trials), only the
-    # survivors are searched
+    # survivors are searched; the first trials there continue the survivors' round trials from
+    # the state they paused with (promotion, not a restart from epoch 0)
     after = -(-len(families) // 4) * 4
+    survivors = _survivors(trials[: len(families)], round_["keep"])
     later = {t["params"]["model.plugin"] for t in trials if t["number"] >= after}
-    assert later and later <= set(_survivors(trials[: len(families)], round_["keep"]))
+    assert later and later <= {t["params"]["model.plugin"] for t in survivors}
+    for paused, promoted in zip(survivors, trials[after : after + len(survivors)]):
+        why = f"promoted from trial {paused['number']} of the family round (resumed from its state)"
+        assert promoted["reason"] == why
+        assert promoted["params"] == paused["params"] and promoted["seed"] == paused["seed"]
+        assert promoted["state"] == "complete" and len(promoted["history"]) == 9
+        assert promoted["history"][:1] == paused["history"]  # the epoch it paused after, carried on
     assert summary["best"]["params"]["model.plugin"] == "mlp"
     assert tables[1] == tables[2]
+    # resumed at the rung, bitwise the run it would have been uninterrupted: replayed from
+    # epoch 1 without a pause, every epoch's metrics are equal
+    replayed = sweeper("replay", trials[after]["mlflow_run_id"])
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert f"trial {after} reproduced" in replayed.stdout and "bitwise" in replayed.stdout
 
 
-def _survivors(round_trials: list[dict], keep: int) -> list[str]:
-    ranked = sorted(round_trials, key=lambda t: -t["value"])
-    return [t["params"]["model.plugin"] for t in ranked[:keep]]
+def _survivors(round_trials: list[dict], keep: int) -> list[dict]:
+    return sorted(round_trials, key=lambda t: -t["value"])[:keep]
 
 
 def test_what_the_spec_fixes_for_its_model_stays_with_the_families_that_take_it():

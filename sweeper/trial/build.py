@@ -40,6 +40,9 @@ class TrialConfig:
     # epochs between training states saved to `checkpoint` while training (0: only the final one)
     checkpoint_every: int = 0
     resume: str | None = None  # a training state file to continue from instead of epoch 1
+    # the epoch after which the state is saved to `checkpoint` too, where the trial may pause (the
+    # family round's: a trial promoted later continues from it); None: none
+    pause_epoch: int | None = None
     # resume from another trial's state with this trial's hyperparameters (PBT; see checkpoint.Resume)
     new_hyperparameters: bool = False
 

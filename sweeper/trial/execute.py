@@ -43,7 +43,8 @@ CONTEXT_LOST = (
 
 def saves_state(config: TrialConfig, epoch: int) -> bool:
     """True if the trial's training state is saved to ``config.checkpoint`` after this epoch."""
-    return bool(config.checkpoint) and bool(config.checkpoint_every) and epoch % config.checkpoint_every == 0
+    every = bool(config.checkpoint_every) and epoch % config.checkpoint_every == 0
+    return bool(config.checkpoint) and (every or epoch == config.pause_epoch)
 
 
 def reason_of(exc: BaseException) -> str:
@@ -195,6 +196,8 @@ def _alone(run: _Run, device: torch.device, cache: ProcessCache, ranks: Ranks | 
         )
     except TrialPruned as exc:
         out.state, out.reason = TrialState.PRUNED, str(exc)
+        if config.pause_epoch is not None and last.get("saved") == config.pause_epoch:  # paused: promotable
+            out.info["resume"] = config.checkpoint
         return
     except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later
         if "state" in last:

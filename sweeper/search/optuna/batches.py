@@ -15,12 +15,17 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
 
 from sweeper.review.study_view import distribution
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.study import (
     BATCH,
     FINISHED,
+    INFO,
+    PROMOTED_FROM,
+    RESUME,
+    SEED_SLOT,
     SLOT,
     directions,
     earlier,
@@ -41,7 +46,7 @@ class EarlierBatches:
         self.enqueue = enqueue  # the params of the sweep's first slots (the LR warm start)
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)
-        self._survivors: list[str] | None = None  # the family round's, once every round trial finished
+        self._survivors: list[FrozenTrial] | None = None  # the round's best trials, once every one finished
 
     def space(self, batch: int) -> dict[str, sp.Param]:
         """The space the batch starting at slot ``batch`` samples from: after the family round
@@ -55,21 +60,47 @@ class EarlierBatches:
         return {**full, "model.plugin": families.model_copy(update={"choices": kept})}
 
     def survivors(self) -> list[str]:
-        """The family round's best ``keep`` families, best first: by their round trial's objective
-        at its last epoch (a trial without one, failed, ranks last; a tie keeps the round's order)."""
+        """The family round's best ``keep`` families, best first."""
+        return [t.params["model.plugin"] for t in self._best_of_round()]
+
+    def _best_of_round(self) -> list[FrozenTrial]:
+        """The round trials of the best ``keep`` families, best first: by the objective at their
+        last epoch (a trial without one, failed, ranks last; a tie keeps the round's order)."""
         round_ = self.spec.search.family_round
         assert round_ is not None
         if self._survivors is None:
             n = len(round_.families)
-            scores = {}
+            ended = {}
             for t in self.study.get_trials(deepcopy=False, states=FINISHED):
                 slot = t.user_attrs.get(SLOT)
                 if slot is not None and slot < n and not interrupted(t) and not earlier(t):
-                    scores[slot] = _last_value(t)
+                    ended[slot] = t
             sign = 1.0 if self.spec.objective.direction == "maximize" else -1.0
-            ranked = sorted(range(n), key=lambda k: (scores.get(k) is None, -sign * (scores.get(k) or 0.0), k))
-            self._survivors = [round_.families[k] for k in ranked[: round_.keep]]
+
+            def rank(slot: int) -> tuple[bool, float, int]:
+                score = _last_value(ended[slot])
+                return score is None, -sign * (score or 0.0), slot
+
+            self._survivors = [ended[slot] for slot in sorted(ended, key=rank)[: round_.keep]]
         return self._survivors
+
+    def promotions(self, batch: int, size: int) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
+        """The batch's slots that continue a survivor's paused round trial: slot -> (its params,
+        the user attrs that resume it: PROMOTED_FROM, SEED_SLOT, RESUME where its state was saved).
+        They are the first slots after the round's batches and the sweep's other first trials; a
+        survivor whose round trial failed is not continued."""
+        round_ = self.spec.search.family_round
+        if round_ is None or batch < len(round_.families):
+            return {}
+        whole = -(-len(round_.families) // self.spec.search.batch_size) * self.spec.search.batch_size
+        first = max(len(self.enqueue), whole)
+        out = {}
+        for k, t in enumerate(self._best_of_round()):
+            if first + k in range(batch, batch + size) and t.state == OptunaState.PRUNED:
+                attrs = {PROMOTED_FROM: t.number, SEED_SLOT: t.user_attrs[SLOT]}
+                resume = t.user_attrs.get(INFO, {}).get("resume")
+                out[first + k] = (dict(t.params), attrs | ({RESUME: resume} if resume else {}))
+        return out
 
     def finished_before(self, batch: int) -> list[FrozenTrial]:
         """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
@@ -123,14 +154,19 @@ class EarlierBatches:
         function of the seed and of the earlier batches' results only (whichever process computes it)."""
         view = self.view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)))
         space, full = self.space(batch), self.spec.search.space
+        promoted = self.promotions(batch, size)
         out = []
         for slot in range(batch, batch + size):
+            if slot in promoted:
+                view.enqueue_trial(promoted[slot][0])
             # a first trial of a family the round dropped (search.base_first's) is sampled instead
-            if slot < len(self.enqueue) and sp.fit(space, self.enqueue[slot]) is not None:
+            elif slot < len(self.enqueue) and sp.fit(space, self.enqueue[slot]) is not None:
                 view.enqueue_trial(self.enqueue[slot])
             trial = view.ask()
             sp.suggest(space, trial)
             stored = rdb.stored(view, rdb.trial_id(trial))
+            if slot in promoted:
+                stored.user_attrs = promoted[slot][1]
             if space is not full:  # stored in the study with the full space's distributions
                 stored.distributions = {path: distribution(full[path]) for path in stored.params}
             out.append(stored)

@@ -27,6 +27,7 @@ from sweeper.search.optuna.study import (
     BATCH,
     INFO,
     OPTUNA_STATES,
+    PROMOTED_FROM,
     RESUME,
     RETRY_OF,
     SLOT,
@@ -58,6 +59,7 @@ class LiveTrial:
     round_epochs: int | None = None  # a trial of the family round: the epoch it ends at
     epoch_began: float = field(default_factory=time.time)  # when its current epoch began (time.time())
     clock_stopped: bool = False  # stopped by search.budget's clock, not by the pruner
+    promoted_from: int | None = None  # the family round's paused trial it continues
 
     @property
     def trial_id(self) -> int:
@@ -118,6 +120,7 @@ class LiveTrials:
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
         # a preempted attempt's state, where this machine can read it (else: from the start, the same result)
         resume = trial.user_attrs.get(RESUME)
+        round_epochs = self._round_epochs(trial)
         config = TrialConfig(
             trial.number,
             seed(self.spec, trial),
@@ -126,8 +129,11 @@ class LiveTrials:
             self.threads,
             str(trial_path(self.ctx.out_dir, trial.number)),
             resume=resume if resume is not None and Path(resume).exists() else None,
+            pause_epoch=round_epochs,  # its state kept there: promoted, it continues from it
         )
-        self.live[trial.number] = LiveTrial(trial, config, None, shadow, round_epochs=self._round_epochs(trial))
+        live = LiveTrial(trial, config, None, shadow, round_epochs=round_epochs)
+        live.promoted_from = trial.user_attrs.get(PROMOTED_FROM)
+        self.live[trial.number] = live
         return config
 
     def _open(self, trial: optuna.Trial, config: TrialConfig) -> None:
@@ -211,6 +217,7 @@ class LiveTrials:
             self._retry(live, outcome)
             return
         reason, values = self._ending(live, outcome)
+        self._carried(live, outcome)
         live.run_id = self.ctx.tracker.created(live.run_id)  # its MLflow id, if the sender made it already
         info = {
             "seed": live.config.seed,
@@ -238,6 +245,16 @@ class LiveTrials:
             close_trial_run(self.ctx.tracker, live.run_id, TrialState.INTERRUPTED, reason)
             return
         self._publish(live, outcome, reason, frozen)
+
+    def _carried(self, live: LiveTrial, outcome: Outcome) -> None:
+        """The epochs a resumed trial (promoted, or preempted and retried) carried on from the
+        state it continued, added to its MLflow run and its study record: both hold every epoch."""
+        if live.config.resume is None:
+            return
+        first = min(live.epochs, default=len(outcome.history) + 1)  # the first epoch trained here
+        for epoch, metrics in enumerate(outcome.history[: first - 1], start=1):
+            live.epochs[epoch] = metrics[self.spec.objective.metric]
+            self.ctx.tracker.log_metrics(live.run_id, epoch, metrics)
 
     def _retry(self, live: LiveTrial, outcome: Outcome) -> None:
         """An interrupted trial (its worker died, or it was preempted) goes back to be trained again."""
@@ -277,6 +294,10 @@ class LiveTrials:
             reason = (
                 f"{reason} by the {self.spec.search.pruner.type} pruner ({metric}={outcome.history[-1][metric]:.4g})"
             )
+        if live.promoted_from is not None:
+            resumed = "resumed from its state" if live.config.resume else "its state unreadable here: trained again"
+            promoted = f"promoted from trial {live.promoted_from} of the family round ({resumed})"
+            reason = f"{reason}; {promoted}" if reason else promoted
         complete = outcome.state == TrialState.COMPLETE
         values = objective_values(self.spec, outcome.history, outcome.info) if complete else None
         if complete and values is None:  # a footprint the trial could not measure

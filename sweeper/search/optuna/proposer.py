@@ -187,7 +187,7 @@ class Proposer:
                     state=OptunaState.WAITING,
                     params=p.params,
                     distributions=p.distributions,
-                    user_attrs=attrs,
+                    user_attrs={**p.user_attrs, **attrs},  # a promotion's (batches.py), and its slot
                     system_attrs={k: v for k, v in p.system_attrs.items() if k != "fixed_params"},
                 )  # NSGA-II's generation
                 for p, attrs in proposed

@@ -29,8 +29,10 @@ from sweeper.search.optuna.study import (
     INTERRUPTED,
     OWNER,
     PREEMPTIONS,
+    PROMOTED_FROM,
     RESUME,
     RETRY_OF,
+    SEED_SLOT,
     SLOT,
     earlier,
     interrupted,
@@ -166,7 +168,8 @@ class Recovery:
         params, seed and batch (and the same train.accumulate, unless ``changes`` sets another),
         and the sampler's attrs (NSGA-II's generation: the retry stands in for the attempt)."""
         attrs = t.user_attrs
-        kept = {k: attrs[k] for k in (SLOT, BATCH, ACCUMULATE, PREEMPTIONS) if k in attrs}
+        carried = (SLOT, BATCH, ACCUMULATE, PREEMPTIONS, SEED_SLOT, PROMOTED_FROM, RESUME)  # a promotion's too
+        kept = {k: attrs[k] for k in carried if k in attrs}
         sampler = {k: v for k, v in t.system_attrs.items() if not k.startswith("sweeper_") and k != "fixed_params"}
         self.study.add_trial(
             create_trial(

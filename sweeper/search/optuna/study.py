@@ -42,6 +42,10 @@ ATTEMPT = "sweeper_attempt"  # a retry: the how-manieth attempt at its slot (the
 RESUME = "sweeper_resume"  # a retry of a preempted trial: the training state file it continues from
 PREEMPTIONS = "sweeper_preemptions"  # how many of its slot's attempts were preempted (not lost)
 ACCUMULATE = "sweeper_accumulate"  # a retry after out-of-memory: the train.accumulate it runs with
+# a trial promoted from the family round: the number of the paused trial it continues (from that
+# trial's saved state, RESUME), and that trial's slot, whose seed it keeps
+PROMOTED_FROM = "sweeper_promoted_from"
+SEED_SLOT = "sweeper_seed_slot"
 # user attr of an earlier sweep's trial added as an observation (earlier.py): {source, trial}. The
 # sampler learns from it; it is not one of this sweep's trials (no slot, not in its records)
 EARLIER = "sweeper_earlier"
@@ -51,8 +55,10 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)  # sweeper shows trials in it
 
 
 def seed(spec: SweepSpec, trial: FrozenTrial | optuna.Trial) -> int:
-    """The trial's seed: a function of its slot (a retry keeps its attempt's)."""
-    return trial_seed(spec.seed, trial.user_attrs.get(SLOT, trial.number))
+    """The trial's seed: a function of its slot (a retry keeps its attempt's; a promoted trial,
+    the paused one's)."""
+    attrs = trial.user_attrs
+    return trial_seed(spec.seed, attrs.get(SEED_SLOT, attrs.get(SLOT, trial.number)))
 
 
 def storage_url(spec: SweepSpec, out_dir: Path) -> str:
