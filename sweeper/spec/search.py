@@ -111,6 +111,7 @@ OPTUNA_ONLY = {
     "warm_start": "nothing yet: Ray Tune starts each sweep from scratch",
     "base_first": "nothing yet: Ray Tune's first trial is its sampler's",
     "family_round": "nothing yet: Ray Tune searches every family throughout",
+    "rung_model": "nothing: Ray Tune's searchers model the results they are given",
 }
 
 
@@ -251,6 +252,11 @@ class SearchSpec(Strict):
     # reasonable trial first: the sampler's random start may open with slow or weak points.
     base_first: bool = False
     family_round: FamilyRound | None = None
+    # Reproducible mode: while fewer than 10 trials are complete, the sampler models the trials at
+    # the highest epoch that 10 reached, pruned ones included (BOHB's rule: search/optuna/batches.py)
+    rung_model: bool = Field(
+        default=False, description="model pruned and low-fidelity trials at the highest rung enough reached (BOHB)"
+    )
     # Earlier sweeps whose finished trials seed this one (search/optuna/earlier.py): an output
     # folder, a storage URL with #study_name, or mlflow:EXPERIMENT. Read once, when the sweep starts.
     warm_start: list[str] = Field(

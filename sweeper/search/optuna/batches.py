@@ -11,6 +11,7 @@ distributions in the study, which holds every family's trials."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import optuna
@@ -36,6 +37,10 @@ from sweeper.search.optuna.study import (
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.trial.seeding import sampler_seed
+
+# search.rung_model: the fewest trials at a rung (and complete) the sampler models them by; TPE's
+# own n_startup_trials (10): with fewer points it samples at random whatever it sees.
+RUNG_MODEL_MIN = 10
 
 
 class EarlierBatches:
@@ -127,12 +132,16 @@ class EarlierBatches:
         t.params, t.distributions = params, {path: distribution(space[path]) for path in params}
         return t
 
-    def view(self, batch: int, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-        """An in-memory study holding the finished trials of the batches before ``batch``."""
+    def view(
+        self, batch: int, sampler: optuna.samplers.BaseSampler | None = None, at_rung: bool = False
+    ) -> optuna.Study:
+        """An in-memory study holding the finished trials of the batches before ``batch``;
+        ``at_rung``: as the sampler models them under search.rung_model (``_at_rung``)."""
         view = optuna.create_study(
             study_name=self.spec.name, directions=directions(self.spec), sampler=sampler, pruner=make_pruner(self.spec)
         )
-        view.add_trials(self.finished_before(batch))
+        trials = self.finished_before(batch)
+        view.add_trials(_at_rung(trials, self.spec.train.epochs) if at_rung else trials)
         return view
 
     def shadow(self, batch: int) -> optuna.Trial:
@@ -152,7 +161,8 @@ class EarlierBatches:
     def params(self, batch: int, size: int) -> list[FrozenTrial]:
         """The trials (params and distributions) of the batch starting at slot ``batch``: a
         function of the seed and of the earlier batches' results only (whichever process computes it)."""
-        view = self.view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)))
+        rungs = self.spec.search.rung_model and len(self.spec.goals) == 1
+        view = self.view(batch, make_sampler(self.spec, sampler_seed(self.spec.seed, batch)), at_rung=rungs)
         space, full = self.space(batch), self.spec.search.space
         promoted = self.promotions(batch, size)
         out = []
@@ -171,6 +181,38 @@ class EarlierBatches:
                 stored.distributions = {path: distribution(full[path]) for path in stored.params}
             out.append(stored)
         return out
+
+
+def _at_rung(trials: list[FrozenTrial], epochs: int) -> list[FrozenTrial]:
+    """search.rung_model (BOHB's rule, Falkner et al. 2018): the sampler models the trials at the
+    highest epoch that RUNG_MODEL_MIN of them reached, while fewer than that many are complete:
+    each trial with a value there (pruned later or complete) is seen as complete with that value,
+    so pruned and low-fidelity trials inform the model instead of ranking below every complete
+    one (optuna#1647); the trials stopped before it are seen as they are (pruned). With enough
+    complete trials, the trials as they are (TPE as it is)."""
+    complete = [t for t in trials if t.state == OptunaState.COMPLETE]
+    reached = Counter(e for t in trials for e in t.intermediate_values if e < epochs)
+    rungs = [e for e, n in reached.items() if n >= RUNG_MODEL_MIN]
+    if len(complete) >= RUNG_MODEL_MIN or not rungs:
+        return trials
+    rung = max(rungs)
+    out = []
+    for t in trials:
+        value = t.intermediate_values.get(rung)
+        if value is None or t.state not in (OptunaState.COMPLETE, OptunaState.PRUNED):
+            out.append(t)
+            continue
+        seen = optuna.trial.create_trial(
+            state=OptunaState.COMPLETE,
+            value=value,
+            params=t.params,
+            distributions=t.distributions,
+            user_attrs=t.user_attrs,
+            system_attrs=t.system_attrs,
+            intermediate_values={e: v for e, v in t.intermediate_values.items() if e <= rung},
+        )
+        out.append(seen)
+    return out
 
 
 def _last_value(t: FrozenTrial) -> float | None:
