@@ -545,6 +545,17 @@ def objective(task: Task) -> tuple[str, bool]:
     return spec.objective.metric, spec.objective.direction == "maximize"
 
 
+def _commit() -> str:
+    """The commit of the checkout this benchmark runs (its sweeper), with "+changes" when it has
+    uncommitted ones."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    rev, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    return rev + ("+changes" if dirty else "")
+
+
 def measure(args: argparse.Namespace, names: list[str], root: Path) -> dict[str, Any]:
     """Run every strategy of ``names`` on each task and seed: the results (see ``--results``)."""
     budget_s = args.budget_minutes * 60.0
@@ -554,6 +565,7 @@ def measure(args: argparse.Namespace, names: list[str], root: Path) -> dict[str,
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
         "machine": describe(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(),  # the code measured: results accumulate in benchmarks/results/ by it
         "budget_s": budget_s,
         "strategies": names,
         "tasks": {},
@@ -654,7 +666,8 @@ def main() -> None:
     if args.against:  # the results file keeps this run's strategies only: --report it --against the same file
         results = merge(results, json.loads(args.against.read_text()))
     if args.report or args.against:
-        print(f"$ {results['command']}\n{results['machine']}")  # describe(): the date, the CPU
+        commit = f", commit {results['commit']}" if "commit" in results else ""
+        print(f"$ {results['command']}\n{results['machine']}{commit}")  # describe(): the date, the CPU
     for task, result in results["tasks"].items():
         report(task, result, results["strategies"], results["budget_s"])
     if args.plot:
