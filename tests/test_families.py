@@ -117,10 +117,13 @@ def test_validate_lists_candidates_refused_and_a_family_that_fails_on_the_data(t
         in section
     )
     assert "unexpected keyword argument 'mask'" in section
-    assert "#   first round: each family for 1 of 8 epochs, then the search within the best 2" in section
+    # 8 epochs: no fidelity is cheap (a ninth would be one epoch, an eighth of the run), so each
+    # family runs once, whole, and none is dropped
+    round_line = "#   first round: each family once, for all 8 epochs (under 9 epochs no fidelity is cheap)"
+    assert round_line in section
     resolved = yaml_spec(out)
     assert resolved["search"]["space"]["model.plugin"]["choices"] == ["conv1d", "gru", "transformer"]
-    assert resolved["search"]["family_round"] == {"families": ["conv1d", "gru", "transformer"], "epochs": 1, "keep": 2}
+    assert resolved["search"]["family_round"] == {"families": ["conv1d", "gru", "transformer"], "epochs": 8, "keep": 3}
 
 
 def yaml_spec(out: str) -> dict:

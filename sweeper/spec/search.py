@@ -138,7 +138,8 @@ class AutoSpaceSpec(Strict):
     train: bool = True
 
 
-# The family round: trials of a ninth of the epochs, half the families kept (FamilyRound).
+# The family round: trials of a ninth of the epochs, half the families kept; under 9 epochs each
+# family once, whole, none dropped (FamilyRound.at_low_fidelity).
 ROUND_FRACTION = 9
 ROUND_KEEP = 2
 
@@ -146,9 +147,10 @@ ROUND_KEEP = 2
 class FamilyRound(Strict):
     """The first round across model families (set by ``search.auto`` when the data brought
     several, pluginhost/auto_space.py): trial k of the sweep, for k < len(families), trains
-    family k at its base point for ``epochs`` epochs and stops there; then the search goes on
-    within the ``keep`` families whose round trial scored best (its objective at its last
-    epoch). Decided from those trials' results only, so the same for 1 or N workers."""
+    family k at its base point for ``epochs`` epochs and stops there (none of the run's epochs:
+    it runs whole); then the search goes on within the ``keep`` families whose round trial
+    scored best (its objective at its last epoch; all of them: nothing dropped). Decided from
+    those trials' results only, so the same for 1 or N workers."""
 
     families: list[str] = Field(min_length=2)
     epochs: int = Field(ge=1, le=MAX_EPOCHS)
@@ -156,9 +158,9 @@ class FamilyRound(Strict):
 
     @model_validator(mode="after")
     def _keep_fewer(self) -> FamilyRound:
-        if self.keep >= len(self.families):
+        if self.keep > len(self.families):
             raise ValueError(
-                f"search.family_round.keep ({self.keep}) must be below the number of families ({len(self.families)})"
+                f"search.family_round.keep ({self.keep}) must be at most the number of families ({len(self.families)})"
             )
         return self
 
@@ -168,19 +170,21 @@ class FamilyRound(Strict):
         left = [f for f in self.families if f in choices]
         if len(left) < 2:
             return None
-        return self.model_copy(update={"families": left, "keep": min(self.keep, len(left) - 1)})
+        keep = len(left) if self.keep == len(self.families) else min(self.keep, len(left) - 1)
+        return self.model_copy(update={"families": left, "keep": keep})
 
     @classmethod
     def at_low_fidelity(cls, families: list[str], epochs: int) -> FamilyRound | None:
         """The round the auto space sets: each family for a ninth of the epochs (Hyperband's
         lowest rung at reduction factor 3, two rungs below the full run), and half the families
         kept, rounded up (of 2 or 3 families, 1 or 2; of 4, 2): successive halving's first cut,
-        no deeper, as a ranking at a ninth of the run is noisy. None where a ninth of the epochs
-        would be the whole run: there is no low fidelity to try them at."""
-        low = -(-epochs // ROUND_FRACTION)
-        if low >= epochs:
-            return None
-        return cls(families=list(families), epochs=low, keep=-(-len(families) // ROUND_KEEP))
+        no deeper, as a ranking at a ninth of the run is noisy. A run of fewer than 9 epochs has
+        no fidelity that cheap (one epoch is a third of a 3-epoch run, and a ranking after one
+        epoch misjudges the models that start slow): each family then runs once, whole, and
+        none is dropped."""
+        if epochs < ROUND_FRACTION:
+            return cls(families=list(families), epochs=epochs, keep=len(families))
+        return cls(families=list(families), epochs=-(-epochs // ROUND_FRACTION), keep=-(-len(families) // ROUND_KEEP))
 
 
 class SearchSpec(Strict):

@@ -61,6 +61,8 @@ class EarlierBatches:
         families = full.get("model.plugin")
         if round_ is None or batch < len(round_.families) or not isinstance(families, sp.CategoricalParam):
             return full
+        if round_.keep == len(round_.families):  # a round that drops none (runs under 9 epochs)
+            return full
         kept = self.survivors()
         return {**full, "model.plugin": families.model_copy(update={"choices": kept})}
 

@@ -190,7 +190,10 @@ class LiveTrials:
         """The epoch a trial of the family round (the sweep's first slots) ends at; None for others."""
         round_ = self.spec.search.family_round
         slot = trial.user_attrs.get(SLOT)
-        return round_.epochs if round_ is not None and slot is not None and slot < len(round_.families) else None
+        if round_ is None or slot is None or slot >= len(round_.families):
+            return None
+        # a round at the run's full length stops nothing: each family runs whole
+        return round_.epochs if round_.epochs < self.spec.train.epochs else None
 
     def record(self, number: int, epoch: int, metrics: dict[str, float]) -> None:
         """The slow part of an epoch (storage, MLflow, display), done after the worker has its answer."""
