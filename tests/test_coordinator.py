@@ -163,9 +163,9 @@ def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_ea
     builds: list[tuple[int, bool]] = []
     build = EarlierBatches.view
 
-    def counted(self, batch, sampler=None):
+    def counted(self, batch, sampler=None, **more):
         builds.append((batch, sampler is None))
-        return build(self, batch, sampler)
+        return build(self, batch, sampler, **more)
 
     monkeypatch.setattr(EarlierBatches, "view", counted)
     shared, _ = sweep(tmp_path / "shared", slots=4)

@@ -256,10 +256,12 @@ def _prepare(spec: SweepSpec, out_dir: Path, tracker: Tracker, observer: Observe
 
 def _base(spec: SweepSpec) -> list[dict[str, Any]]:
     """The sweep's first trials (in the space the LR warm start narrowed): the family round's
-    (search.family_round: slots 0 to families - 1), then with search.base_first the base point;
-    prepared once and stored with the sweep, so a resume does not run them again."""
-    base = [base_point(spec)] if spec.search.base_first and spec.search.space else []
-    return [*family_points(spec), *base]
+    (search.family_round: slots 0 to families - 1, each family's base point, the spec's own
+    first), else with search.base_first the base point; prepared once and stored with the
+    sweep, so a resume does not run them again."""
+    if spec.search.family_round is not None:
+        return family_points(spec)  # the base point is the round's first trial, promoted if it survives
+    return [base_point(spec)] if spec.search.base_first and spec.search.space else []
 
 
 def _serve(spec: SweepSpec, serving: Serving, sized: list[str] | None) -> dict[str, Any]:
