@@ -26,9 +26,10 @@ export checked in a fresh process, the model registered); and the demo (``./dev 
 Every figure is also given as a ratio to a reference timed in the same run, a fresh
 ``python -c "import torch"`` (the median of 5), so a slower or busier machine moves both.
 ``--gate`` fails when a ratio of the command's own thread (each phase, total, fixed) grew more
-than 50 % over the one recorded in benchmarks/startup_reference.json; phases under 0.25
-reference count as 0.25 (their noise is not a regression), and overlapped work (in brackets) is
-not gated: it shows in the phase that waits for it (``registry wait``, ``report``). Update that
+than 50 % over the one recorded in benchmarks/startup_reference.json, in the measurement and in
+a second one of the commands that grew (each phase's lower figure counts: noise seldom repeats);
+phases under 0.25 reference count as 0.25 (their noise is not a regression), and overlapped
+work (in brackets) is not gated: it shows in the phase that waits for it (``registry wait``, ``report``). Update that
 file only with a reason in the commit.
 """
 
@@ -204,7 +205,13 @@ def main() -> None:
         REFERENCE_FILE.write_text(json.dumps({"reference": "python -c 'import torch'", "ratios": now}, indent=1) + "\n")
         print(f"\nrecorded in {REFERENCE_FILE}")
     if args.gate:
-        grown = gate(now, json.loads(REFERENCE_FILE.read_text())["ratios"])
+        recorded = json.loads(REFERENCE_FILE.read_text())["ratios"]
+        grown = gate(now, recorded)
+        if grown:  # a growth must show twice: a sub-second phase of one run moves by half on a busy VM
+            again = measure(args.repeat, sorted({line.split(":")[0] for line in grown}))
+            print(f"\nre-measured {', '.join(again)}: each phase's lower figure of the two measurements counts")
+            least = {name: {k: min(v, again[name].get(k, v)) for k, v in table[name].items()} for name in again}
+            grown = gate(ratios({**table, **least}, ref), recorded)
         for line in grown:
             print(f"grew: {line}", file=sys.stderr)
         if grown:
