@@ -47,7 +47,7 @@ anytime curves (the PNG in docs/strategy.md) without running anything.
     python benchmarks/search_quality.py --quick                      # digits, 1 seed, tiny budget
     python benchmarks/search_quality.py --report results.json --plot curves.png
     python benchmarks/search_quality.py --strategies auto warm --against results.json   # a change to sweeper
-    python benchmarks/search_quality.py --report after.json --against results.json       # its tables again
+    python benchmarks/search_quality.py --report after.json --against results.json more.json  # its tables again
     python benchmarks/search_quality.py --strategies auto --set search.auto.train=false  # a setting, measured
 """
 
@@ -642,7 +642,11 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a results file; run nothing")
     parser.add_argument("--plot", type=Path, default=None, help="draw the test anytime curves to this PNG")
     parser.add_argument(
-        "--against", type=Path, default=None, help="take the strategies not run (or reported) here from this file"
+        "--against",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="take the strategies not run (or reported) here from these files (the first that has one)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -663,8 +667,8 @@ def main() -> None:
         finally:
             if args.keep is None:
                 shutil.rmtree(root, ignore_errors=True)
-    if args.against:  # the results file keeps this run's strategies only: --report it --against the same file
-        results = merge(results, json.loads(args.against.read_text()))
+    for earlier in args.against:  # a results file keeps its run's strategies only: --report it --against them
+        results = merge(results, json.loads(earlier.read_text()))
     if args.report or args.against:
         commit = f", commit {results['commit']}" if "commit" in results else ""
         print(f"$ {results['command']}\n{results['machine']}{commit}")  # describe(): the date, the CPU

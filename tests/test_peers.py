@@ -264,6 +264,12 @@ def test_a_change_is_measured_against_the_stored_peers(sq):
     assert merged["strategies"] == ["auto", "ray-asha"] and "then, d, m" in merged["command"]
     assert merged["tasks"]["digits"]["runs"] == [{"auto": RUNS[0]["auto"], "ray-asha": RUNS[0]["ray-asha"]}]
     assert merged["tasks"]["digits"]["startups"] == [{"ray-asha": 8.0}]
+    # a further file (--against a b) fills in what neither had: the earlier files' runs are kept
+    runs = [{"ray-asha": [(1.0, 0.1, 0.1)], "smac": RUNS[0]["ray-asha"]}]
+    older = {**theirs, "command": "older", "strategies": ["ray-asha", "smac"],
+        "tasks": {"digits": {**theirs["tasks"]["digits"], "runs": runs}}}  # fmt: skip
+    runs = sq.merge(merged, older)["tasks"]["digits"]["runs"]
+    assert runs == [{"auto": RUNS[0]["auto"], "ray-asha": RUNS[0]["ray-asha"], "smac": RUNS[0]["ray-asha"]}]
     with pytest.raises(SystemExit, match="budget is 30 s"):
         sq.merge(ours, {**theirs, "budget_s": 30.0})
 

@@ -295,7 +295,7 @@ def _family_lines(resolved: Resolved) -> list[str]:
     lines = [f"# model families ({kind}; docs/strategy.md#model-families):"]
     lines += [f"#   {line}" for line in families.lines()]
     round_ = sweep.search.family_round
-    if round_ is not None and round_.keep < len(round_.families):
+    if round_ is not None and round_.drops:
         lines.append(
             f"#   first round: each family for {round_.epochs} of {sweep.train.epochs} epochs, "
             f"then the search within the best {round_.keep}"

@@ -22,6 +22,7 @@ from typing import Any
 
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
+from sweeper.spec.search import PROMOTING
 
 # TPE draws its first trials at random until this many have finished (Optuna's TPESampler
 # n_startup_trials default, which sweeper keeps): a sweep that proposes no trial after this many
@@ -166,6 +167,8 @@ def choose(spec: SweepSpec, machine: Facts) -> Strategy:
     if search.pruner.type == "auto":
         pruner, reason = _pruner(spec, n, batch, out["sampler"])
         out["pruner"] = {**out["pruner"], **pruner}
+        if pruner["type"] not in PROMOTING:  # search.pruner.promote: nothing is stopped, none to promote
+            out["pruner"]["promote"] = False
         measured = AGAINST_PEERS if pruner["type"] == "hyperband" else None
         choices.append(Choice("search.pruner", _describe_pruner(out["pruner"]), reason, measured))
     if search.backend == "optuna" and "base_first" not in written:
@@ -311,10 +314,11 @@ def _pruner(spec: SweepSpec, n: int | None, batch: int, sampler: str) -> tuple[d
 
 
 def _describe_pruner(p: dict[str, Any]) -> str:
+    promote = ", promote" if p.get("promote") else ""
     if p["type"] == "median":
-        return f"median (min_epochs {p['min_epochs']}, startup_trials {p['startup_trials']})"
+        return f"median (min_epochs {p['min_epochs']}, startup_trials {p['startup_trials']}{promote})"
     if p["type"] in ("asha", "hyperband"):
-        return f"{p['type']} (min_epochs {p['min_epochs']}, reduction_factor {p['reduction_factor']})"
+        return f"{p['type']} (min_epochs {p['min_epochs']}, reduction_factor {p['reduction_factor']}{promote})"
     return str(p["type"])
 
 

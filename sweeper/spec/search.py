@@ -28,6 +28,10 @@ class PrunerSpec(Strict):
     # asha/hyperband: keep 1/reduction_factor per rung; more than 100 keeps nobody past the first rung
     reduction_factor: int = Field(default=3, ge=2, le=100)
     startup_trials: int = Field(default=5, ge=0, le=MAX_TRIALS)  # median: trials completed before it prunes
+    # median/asha/hyperband, reproducible mode: a trial the pruner stops pauses with its training
+    # state, and a later batch resumes it where the pruner's own rule, applied again to the
+    # earlier batches' trials, now keeps it (ASHA's promotion, Li et al. 2020); false: stopped for good
+    promote: bool = False
     perturbation_interval: int = Field(
         default=2,
         ge=1,
@@ -99,6 +103,9 @@ class RaySpec(Strict):
     object_store_mb: int = Field(default=256, ge=80, le=1 << 24)  # 16 TiB: beyond any node's memory
 
 
+# The pruners whose stopped trials search.pruner.promote may resume (auto: checked once chosen).
+PROMOTING = ("auto", "median", "asha", "hyperband")
+
 # Search options that only the Optuna backend has, and what to use with backend ray instead.
 OPTUNA_ONLY = {
     "parallel": "search.ray.max_concurrent_trials and search.resources",
@@ -164,13 +171,22 @@ class FamilyRound(Strict):
             )
         return self
 
+    def holds(self, slot: int) -> bool:
+        """True if the sweep's trial at ``slot`` is one of the round's (the sweep's first slots)."""
+        return slot < len(self.families)
+
+    @property
+    def drops(self) -> bool:
+        """True if the round drops families (false: each runs once, whole, and all are searched)."""
+        return self.keep < len(self.families)
+
     def within(self, choices: list[Any]) -> FamilyRound | None:
         """This round over those of its families still among ``choices`` (after sizing dropped
         some); None where fewer than two are left."""
         left = [f for f in self.families if f in choices]
         if len(left) < 2:
             return None
-        keep = len(left) if self.keep == len(self.families) else min(self.keep, len(left) - 1)
+        keep = len(left) if not self.drops else min(self.keep, len(left) - 1)
         return self.model_copy(update={"families": left, "keep": keep})
 
     @classmethod
@@ -340,6 +356,12 @@ class SearchSpec(Strict):
             raise ValueError(
                 "fuse needs proposed batches (search.reproducible: true): it fuses the trials of one batch"
             )
+        if self.pruner.promote and (not self.reproducible or self.pruner.type not in PROMOTING):
+            raise ValueError(
+                f"search.pruner.promote needs search.reproducible: true and a pruner of type "
+                f"{', '.join(PROMOTING)} (got {self.pruner.type}): promotions are decided between "
+                f"batches, on the pruner's own rule"
+            )
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(
                 f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
@@ -416,6 +438,11 @@ class SearchSpec(Strict):
             if given:
                 raise ValueError(
                     f"search.{given[0]} is an Optuna backend option and backend is 'ray'; use {OPTUNA_ONLY[given[0]]}"
+                )
+            if self.pruner.promote:
+                raise ValueError(
+                    "search.pruner.promote is an Optuna backend option and backend is 'ray': Ray Tune's "
+                    "ASHA stops trials for good"
                 )
         else:
             if self.pruner.type == "pbt":

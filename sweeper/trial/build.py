@@ -43,6 +43,9 @@ class TrialConfig:
     # the epoch after which the state is saved to `checkpoint` too, where the trial may pause (the
     # family round's: a trial promoted later continues from it); None: none
     pause_epoch: int | None = None
+    # a trial the pruner stops saves its state at that epoch too (search.pruner.promote: a later
+    # batch may promote it, continuing from there)
+    pause_on_prune: bool = False
     # resume from another trial's state with this trial's hyperparameters (PBT; see checkpoint.Resume)
     new_hyperparameters: bool = False
 

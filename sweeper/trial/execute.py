@@ -196,7 +196,10 @@ def _alone(run: _Run, device: torch.device, cache: ProcessCache, ranks: Ranks | 
         )
     except TrialPruned as exc:
         out.state, out.reason = TrialState.PRUNED, str(exc)
-        if config.pause_epoch is not None and last.get("saved") == config.pause_epoch:  # paused: promotable
+        paused = config.pause_on_prune or len(out.history) == config.pause_epoch
+        if config.pause_on_prune and "state" in last:
+            save(last["state"])
+        if paused and last.get("saved") == len(out.history):  # promotable: continued from this state
             out.info["resume"] = config.checkpoint
         return
     except TrialPreempted as exc:  # its state after the epoch just reported saved: continued from it later

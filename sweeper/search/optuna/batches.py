@@ -7,11 +7,18 @@ seed and of the earlier batches' results only, never of timing.
 After the family round (``search.family_round``: the sweep's first slots), a batch samples from
 the space with ``model.plugin`` narrowed to the round's survivors, and its views hold the trials
 of those families only (the search within the survivors). The trials keep the full space's
-distributions in the study, which holds every family's trials."""
+distributions in the study, which holds every family's trials.
+
+With ``search.pruner.promote``, a trial the pruner stopped is paused (its state saved at that
+epoch), and a later batch's first free slots continue the paused trials that the pruner's own rule,
+applied again to the earlier batches' trials, now keeps (``_promotable``): ASHA's promotion (Li et
+al. 2020), a decision of the earlier batches' results only, like every other."""
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+import statistics
+from collections import Counter, defaultdict
 from typing import Any
 
 import optuna
@@ -24,6 +31,7 @@ from sweeper.search.optuna.study import (
     BATCH,
     FINISHED,
     INFO,
+    PAUSED_AT,
     PROMOTED_FROM,
     RESUME,
     SEED_SLOT,
@@ -52,6 +60,7 @@ class EarlierBatches:
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)
         self._survivors: list[FrozenTrial] | None = None  # the round's best trials, once every one finished
+        self.refitted: set[int] = set()  # trials whose params an earlier space version changed (_fitted)
 
     def space(self, batch: int) -> dict[str, sp.Param]:
         """The space the batch starting at slot ``batch`` samples from: after the family round
@@ -59,9 +68,9 @@ class EarlierBatches:
         full = self.spec.search.space
         round_ = self.spec.search.family_round
         families = full.get("model.plugin")
-        if round_ is None or batch < len(round_.families) or not isinstance(families, sp.CategoricalParam):
+        if round_ is None or round_.holds(batch) or not isinstance(families, sp.CategoricalParam):
             return full
-        if round_.keep == len(round_.families):  # a round that drops none (runs under 9 epochs)
+        if not round_.drops:  # a round under 9 epochs: each family once, whole, none dropped
             return full
         kept = self.survivors()
         return {**full, "model.plugin": families.model_copy(update={"choices": kept})}
@@ -76,11 +85,10 @@ class EarlierBatches:
         round_ = self.spec.search.family_round
         assert round_ is not None
         if self._survivors is None:
-            n = len(round_.families)
             ended = {}
             for t in self.study.get_trials(deepcopy=False, states=FINISHED):
                 slot = t.user_attrs.get(SLOT)
-                if slot is not None and slot < n and not interrupted(t) and not earlier(t):
+                if slot is not None and round_.holds(slot) and not interrupted(t) and not earlier(t):
                     ended[slot] = t
             sign = 1.0 if self.spec.objective.direction == "maximize" else -1.0
 
@@ -92,22 +100,70 @@ class EarlierBatches:
         return self._survivors
 
     def promotions(self, batch: int, size: int) -> dict[int, tuple[dict[str, Any], dict[str, Any]]]:
-        """The batch's slots that continue a survivor's paused round trial: slot -> (its params,
-        the user attrs that resume it: PROMOTED_FROM, SEED_SLOT, RESUME where its state was saved).
-        They are the first slots after the round's batches and the sweep's other first trials; a
-        survivor whose round trial failed is not continued."""
-        round_ = self.spec.search.family_round
-        if round_ is None or batch < len(round_.families):
-            return {}
-        whole = -(-len(round_.families) // self.spec.search.batch_size) * self.spec.search.batch_size
-        first = max(len(self.enqueue), whole)
+        """The batch's slots that continue a paused trial: slot -> (its params, the user attrs
+        that resume it: PROMOTED_FROM, SEED_SLOT, RESUME where its state was saved, PAUSED_AT).
+        A survivor's round trial continues in the first slots after the round's batches and the
+        sweep's other first trials (one whose round trial failed is not continued); the paused
+        trials search.pruner.promote promotes take the batch's other slots, first."""
         out = {}
-        for k, t in enumerate(self._best_of_round()):
-            if first + k in range(batch, batch + size) and t.state == OptunaState.PRUNED:
-                attrs = {PROMOTED_FROM: t.number, SEED_SLOT: t.user_attrs[SLOT]}
-                resume = t.user_attrs.get(INFO, {}).get("resume")
-                out[first + k] = (dict(t.params), attrs | ({RESUME: resume} if resume else {}))
+        round_ = self.spec.search.family_round
+        if round_ is not None and not round_.holds(batch):
+            whole = -(-len(round_.families) // self.spec.search.batch_size) * self.spec.search.batch_size
+            first = max(len(self.enqueue), whole)
+            for k, t in enumerate(self._best_of_round()):
+                if first + k in range(batch, batch + size) and t.state == OptunaState.PRUNED:
+                    out[first + k] = (dict(t.params), _resuming(t))
+        if self.spec.search.pruner.promote:
+            free = [slot for slot in range(max(batch, len(self.enqueue)), batch + size) if slot not in out]
+            for slot, t in zip(free, self._promotable(batch), strict=False):
+                out[slot] = (dict(t.params), _resuming(t) | {PAUSED_AT: t.user_attrs[INFO]["paused_at"]})
         return out
+
+    def _promotable(self, batch: int) -> list[FrozenTrial]:
+        """The paused trials of the batches before ``batch`` (not promoted yet) that the pruner's
+        rule, applied again to those batches' trials, keeps at the epoch they paused at: the
+        median pruner, a best value at least the median of the complete trials there (with
+        search.pruner.startup_trials of them); asha and hyperband, a value among the best
+        1/reduction_factor of every trial's there (at least the best one; Hyperband's brackets
+        are pooled). The latest epoch first, then the better value, then the earlier slot."""
+        trials = self.finished_before(batch)
+        taken = {t.user_attrs.get(PROMOTED_FROM) for t in trials}
+        paused = [
+            t
+            for t in trials
+            if t.state == OptunaState.PRUNED
+            and "paused_at" in t.user_attrs.get(INFO, {})
+            and t.number not in taken
+            and t.number not in self.refitted  # its params are not those its state was trained with
+        ]
+        if not paused:
+            return []
+        pruner = self.spec.search.pruner
+        sign = 1.0 if self.spec.objective.direction == "maximize" else -1.0
+        every: dict[int, list[float]] = defaultdict(list)  # epoch -> every trial's value there, signed
+        complete: dict[int, list[float]] = defaultdict(list)  # epoch -> the complete trials' values there
+        for t in trials:
+            for epoch, value in t.intermediate_values.items():
+                if math.isfinite(value):
+                    every[epoch].append(sign * value)
+                    if t.state == OptunaState.COMPLETE:
+                        complete[epoch].append(sign * value)
+        ranked = []
+        for t in paused:
+            epoch = t.user_attrs[INFO]["paused_at"]
+            value = sign * t.intermediate_values.get(epoch, math.nan)
+            if not math.isfinite(value):
+                continue
+            if pruner.type == "median":
+                rivals = complete[epoch]
+                best = max(sign * v for v in t.intermediate_values.values() if math.isfinite(v))
+                kept = len(rivals) >= max(1, pruner.startup_trials) and best >= statistics.median(rivals)
+            else:
+                rivals = sorted(every[epoch], reverse=True)
+                kept = value >= rivals[max(1, len(rivals) // pruner.reduction_factor) - 1]
+            if kept:
+                ranked.append((-epoch, -value, t.user_attrs.get(SLOT, t.number), t))
+        return [t for *_, t in sorted(ranked, key=lambda r: r[:3])]
 
     def finished_before(self, batch: int) -> list[FrozenTrial]:
         """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
@@ -131,6 +187,8 @@ class EarlierBatches:
         params = sp.fit(space, t.params)
         if params is None:
             return None
+        if params != t.params:
+            self.refitted.add(t.number)
         t.params, t.distributions = params, {path: distribution(space[path]) for path in params}
         return t
 
@@ -215,6 +273,14 @@ def _at_rung(trials: list[FrozenTrial], epochs: int) -> list[FrozenTrial]:
         )
         out.append(seen)
     return out
+
+
+def _resuming(t: FrozenTrial) -> dict[str, Any]:
+    """The user attrs of a trial that continues paused trial ``t``: its number, the slot whose seed
+    it keeps, and the state it resumes from (where it was saved)."""
+    attrs = {PROMOTED_FROM: t.number, SEED_SLOT: t.user_attrs.get(SEED_SLOT, t.user_attrs[SLOT])}
+    resume = t.user_attrs.get(INFO, {}).get("resume")
+    return attrs | ({RESUME: resume} if resume else {})
 
 
 def _last_value(t: FrozenTrial) -> float | None:

@@ -27,6 +27,7 @@ from sweeper.search.optuna.study import (
     BATCH,
     INFO,
     OPTUNA_STATES,
+    PAUSED_AT,
     PROMOTED_FROM,
     RESUME,
     RETRY_OF,
@@ -59,7 +60,8 @@ class LiveTrial:
     round_epochs: int | None = None  # a trial of the family round: the epoch it ends at
     epoch_began: float = field(default_factory=time.time)  # when its current epoch began (time.time())
     clock_stopped: bool = False  # stopped by search.budget's clock, not by the pruner
-    promoted_from: int | None = None  # the family round's paused trial it continues
+    promoted_from: int | None = None  # the paused trial it continues (the family round's, or a pruner's)
+    promoted_at: int | None = None  # the epoch a pruner paused that trial at (None: the family round's)
 
     @property
     def trial_id(self) -> int:
@@ -130,9 +132,12 @@ class LiveTrials:
             str(trial_path(self.ctx.out_dir, trial.number)),
             resume=resume if resume is not None and Path(resume).exists() else None,
             pause_epoch=round_epochs,  # its state kept there: promoted, it continues from it
+            # search.pruner.promote: stopped by the pruner, it pauses (promotions are proposed with batches)
+            pause_on_prune=self.spec.search.pruner.promote and shadow is not None and round_epochs is None,
         )
         live = LiveTrial(trial, config, None, shadow, round_epochs=round_epochs)
         live.promoted_from = trial.user_attrs.get(PROMOTED_FROM)
+        live.promoted_at = trial.user_attrs.get(PAUSED_AT)
         self.live[trial.number] = live
         return config
 
@@ -190,7 +195,7 @@ class LiveTrials:
         """The epoch a trial of the family round (the sweep's first slots) ends at; None for others."""
         round_ = self.spec.search.family_round
         slot = trial.user_attrs.get(SLOT)
-        if round_ is None or slot is None or slot >= len(round_.families):
+        if round_ is None or slot is None or not round_.holds(slot):
             return None
         # a round at the run's full length stops nothing: each family runs whole
         return round_.epochs if round_.epochs < self.spec.train.epochs else None
@@ -230,6 +235,8 @@ class LiveTrials:
             **outcome.info,
             **({"failure": outcome.failure.value} if outcome.failure is not None else {}),
         }
+        if self._paused(live, outcome):  # a later batch may promote it (batches.py: promotions)
+            info["paused_at"] = len(outcome.history)
         if values is not None:
             info["values"] = dict(zip([g.metric for g in self.spec.goals], values))
             info["value"] = info["values"][self.spec.objective.metric]  # the primary objective's (the table's value)
@@ -299,7 +306,8 @@ class LiveTrials:
             )
         if live.promoted_from is not None:
             resumed = "resumed from its state" if live.config.resume else "its state unreadable here: trained again"
-            promoted = f"promoted from trial {live.promoted_from} of the family round ({resumed})"
+            where = "of the family round" if live.promoted_at is None else f"paused at epoch {live.promoted_at}"
+            promoted = f"promoted from trial {live.promoted_from} {where} ({resumed})"
             reason = f"{reason}; {promoted}" if reason else promoted
         complete = outcome.state == TrialState.COMPLETE
         values = objective_values(self.spec, outcome.history, outcome.info) if complete else None
@@ -307,6 +315,12 @@ class LiveTrials:
             outcome.state = TrialState.FAILED
             reason = f"objectives not measured: {', '.join(g.metric for g in self.spec.goals)}"
         return reason, values
+
+    def _paused(self, live: LiveTrial, outcome: Outcome) -> bool:
+        """True if the pruner stopped this trial and search.pruner.promote keeps it paused
+        (whether or not its state could be saved: a promotion without it trains again)."""
+        stopped_by_pruner = outcome.state == TrialState.PRUNED and not live.clock_stopped and not live.lost
+        return stopped_by_pruner and live.config.pause_on_prune
 
     def _publish(self, live: LiveTrial, outcome: Outcome, reason: str | None, frozen: Any) -> None:
         """A stored trial's end, to MLflow, the breaker, its checkpoint's place and the observer."""

@@ -28,6 +28,7 @@ from sweeper.search.optuna.study import (
     INFO,
     INTERRUPTED,
     OWNER,
+    PAUSED_AT,
     PREEMPTIONS,
     PROMOTED_FROM,
     RESUME,
@@ -168,7 +169,16 @@ class Recovery:
         params, seed and batch (and the same train.accumulate, unless ``changes`` sets another),
         and the sampler's attrs (NSGA-II's generation: the retry stands in for the attempt)."""
         attrs = t.user_attrs
-        carried = (SLOT, BATCH, ACCUMULATE, PREEMPTIONS, SEED_SLOT, PROMOTED_FROM, RESUME)  # a promotion's too
+        carried = (
+            SLOT,
+            BATCH,
+            ACCUMULATE,
+            PREEMPTIONS,
+            SEED_SLOT,
+            PROMOTED_FROM,
+            PAUSED_AT,
+            RESUME,
+        )  # a promotion's too
         kept = {k: attrs[k] for k in carried if k in attrs}
         sampler = {k: v for k, v in t.system_attrs.items() if not k.startswith("sweeper_") and k != "fixed_params"}
         self.study.add_trial(

@@ -42,10 +42,12 @@ ATTEMPT = "sweeper_attempt"  # a retry: the how-manieth attempt at its slot (the
 RESUME = "sweeper_resume"  # a retry of a preempted trial: the training state file it continues from
 PREEMPTIONS = "sweeper_preemptions"  # how many of its slot's attempts were preempted (not lost)
 ACCUMULATE = "sweeper_accumulate"  # a retry after out-of-memory: the train.accumulate it runs with
-# a trial promoted from the family round: the number of the paused trial it continues (from that
-# trial's saved state, RESUME), and that trial's slot, whose seed it keeps
+# a promoted trial (from the family round, or search.pruner.promote's): the number of the paused
+# trial it continues (from that trial's saved state, RESUME), and that trial's slot, whose seed it
+# keeps; PAUSED_AT: the epoch a pruner paused it at (absent for the family round's)
 PROMOTED_FROM = "sweeper_promoted_from"
 SEED_SLOT = "sweeper_seed_slot"
+PAUSED_AT = "sweeper_paused_at"
 # user attr of an earlier sweep's trial added as an observation (earlier.py): {source, trial}. The
 # sampler learns from it; it is not one of this sweep's trials (no slot, not in its records)
 EARLIER = "sweeper_earlier"

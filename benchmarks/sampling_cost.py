@@ -1,0 +1,123 @@
+"""What reproducible mode's decisions cost as a study grows (issue #55 item 4: sampling cost at
+thousands of trials), timed directly, no training: a study in SQLite (the storage a one-machine
+sweep uses) holding N finished trials of search_spaces/mnist1d.yaml's space, shaped like a
+pruned sweep's (a third complete at 15 epochs, the rest pruned at epoch 1, 3 or 9), and the
+three things the coordinator does with it:
+
+- propose: the next batch's params (``EarlierBatches.params``: read the finished trials from the
+  storage, build the in-memory view of the earlier batches, sample 4 trials with TPE);
+- a trial's start (its shadow: the median pruner's shares the batch's view, built once; the
+  hyperband pruner's is a view of its own) and one epoch's pruning decision, for each pruner.
+
+    python benchmarks/sampling_cost.py [--sizes 100 1000 3000] [--repeat 3]
+
+Prints, for each N, the median milliseconds of each over ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState as OptunaState
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sweeper.review.study_view import distribution  # noqa: E402
+from sweeper.search.optuna.batches import EarlierBatches  # noqa: E402
+from sweeper.search.optuna.study import BATCH, SLOT  # noqa: E402
+from sweeper.spec import load  # noqa: E402
+from sweeper.spec import space as sp  # noqa: E402
+
+EPOCHS = 15
+BATCH_SIZE = 4
+
+
+def trials(spec, n: int, seed: int = 0) -> list[optuna.trial.FrozenTrial]:
+    """``n`` finished trials of the spec's space: params drawn at random, a learning curve each."""
+    rng = random.Random(seed)
+    draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for slot in range(n):
+        trial = draw.ask()
+        params = sp.suggest(spec.search.space, trial)
+        quality = rng.random()
+        stop = rng.choice([1, 3, 9, EPOCHS, EPOCHS])  # a third to two fifths complete
+        curve = {e: quality * (1 - 0.5 ** (e / 3)) for e in range(1, stop + 1)}
+        complete = stop == EPOCHS
+        out.append(
+            optuna.trial.create_trial(
+                state=OptunaState.COMPLETE if complete else OptunaState.PRUNED,
+                value=curve[stop] if complete else None,
+                params=params,
+                distributions={path: distribution(spec.search.space[path]) for path in params},
+                intermediate_values=curve,
+                user_attrs={SLOT: slot, BATCH: slot - slot % BATCH_SIZE},
+            )
+        )
+    return out
+
+
+def timed(fn, repeat: int) -> float:
+    """The median milliseconds of ``fn()`` over ``repeat`` calls."""
+    seconds = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - started)
+    return 1000 * statistics.median(seconds)
+
+
+def measure(n: int, repeat: int, folder: Path) -> dict[str, float]:
+    def spec_with(pruner: str):
+        overrides = [f"train.epochs={EPOCHS}", "search.sampler=tpe", f"search.n_trials={n + 100}"]
+        return load(REPO / "search_spaces" / "mnist1d.yaml", [*overrides, f"search.pruner.type={pruner}"])
+
+    spec = spec_with("median")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / f'study{n}.db'}")
+    study = optuna.create_study(study_name="cost", storage=storage, direction="maximize")
+    study.add_trials(trials(spec, n))
+    batch = n  # the batch after the n finished trials
+    result = {"propose": timed(lambda: EarlierBatches(spec, study, []).params(batch, BATCH_SIZE), repeat)}
+    for pruner in ("median", "hyperband"):
+        batches = EarlierBatches(spec_with(pruner), study, [])
+        batches.finished_before(batch)  # read from the storage once a batch, as the coordinator does
+        shadows, decisions = [], []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            shadow = batches.shadow(batch)  # a trial's start: its shadow (hyperband: a view of its own)
+            shadows.append(time.perf_counter() - started)
+            for epoch in range(1, 4):
+                shadow.report(0.5, epoch)
+            started = time.perf_counter()
+            shadow.should_prune()
+            decisions.append(time.perf_counter() - started)
+        result[f"{pruner}: trial start"] = 1000 * statistics.median(shadows)
+        result[f"{pruner}: one decision"] = 1000 * statistics.median(decisions)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 3000])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {n: measure(n, args.repeat, Path(tmp)) for n in args.sizes}
+    columns = list(next(iter(rows.values())))
+    print("| finished trials | " + " | ".join(f"{c} ms" for c in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for n, row in rows.items():
+        print(f"| {n} | " + " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()
