@@ -165,8 +165,8 @@ def sweep(
         "train.cpu_threads=1",
         f"search.budget={{device_hours: {budget_s / 3600.0}}}",
         *task.overrides,
-        *task.settings,
         *extra,
+        *task.settings,  # last: --set wins over a strategy's own settings (search.pruner.check_rungs)
     ]
     launched = time.time()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -295,7 +295,7 @@ def run_seed(
         runs["top-k"] = one.entries + full.entries
     if "auto" in names:
         runs["auto"] = sweep(
-            task, work / "auto", seed, budget_s, "search.sampler=auto", "search.pruner=auto", auto=True
+            task, work / "auto", seed, budget_s, "search.sampler=auto", "search.pruner.type=auto", auto=True
         ).entries
     if "warm" in names:
         trials = sweep(
@@ -304,7 +304,7 @@ def run_seed(
             seed,
             budget_s,
             "search.sampler=auto",
-            "search.pruner=auto",
+            "search.pruner.type=auto",
             f"search.warm_start=[{warm_from}]",
             auto=True,
         ).entries
@@ -579,7 +579,7 @@ def measure(args: argparse.Namespace, names: list[str], root: Path) -> dict[str,
             # the warm start's earlier sweep: another seed's --auto sweep (its cost not counted)
             source = root / name / "source"
             if "warm" in names and not (source / "summary.json").exists():
-                sweep(task, source, 1000 + seed, budget_s, "search.sampler=auto", "search.pruner=auto", auto=True)
+                sweep(task, source, 1000 + seed, budget_s, "search.sampler=auto", "search.pruner.type=auto", auto=True)
             seed_runs, startup = run_seed(task, seed, budget_s, args.topk_share, work, source, names)
             runs.append(seed_runs)
             startups.append(startup)

@@ -60,6 +60,10 @@ def test_a_paused_trial_continues_from_its_state_with_one_table_for_any_workers(
         (["search.reproducible=false"], "search.pruner.promote needs search.reproducible: true"),
         (["search.pruner.type=none"], "a pruner of type auto, median, asha, hyperband (got none)"),
         (["search.backend=ray"], "search.pruner.promote is an Optuna backend option"),
+        (
+            ["search.pruner.promote=false", "search.pruner.check_rungs=4", "search.reproducible=false"],
+            "search.pruner.check_rungs needs search.reproducible: true",
+        ),
     ],
 )
 def test_promotion_where_nothing_could_be_promoted_is_refused(

@@ -167,8 +167,8 @@ def choose(spec: SweepSpec, machine: Facts) -> Strategy:
     if search.pruner.type == "auto":
         pruner, reason = _pruner(spec, n, batch, out["sampler"])
         out["pruner"] = {**out["pruner"], **pruner}
-        if pruner["type"] not in PROMOTING:  # search.pruner.promote: nothing is stopped, none to promote
-            out["pruner"]["promote"] = False
+        if pruner["type"] not in PROMOTING:  # nothing is stopped: none to promote, no rung to check
+            out["pruner"].update(promote=False, check_rungs=0)
         measured = AGAINST_PEERS if pruner["type"] == "hyperband" else None
         choices.append(Choice("search.pruner", _describe_pruner(out["pruner"]), reason, measured))
     if search.backend == "optuna" and "base_first" not in written:

@@ -32,6 +32,10 @@ class PrunerSpec(Strict):
     # state, and a later batch resumes it where the pruner's own rule, applied again to the
     # earlier batches' trials, now keeps it (ASHA's promotion, Li et al. 2020); false: stopped for good
     promote: bool = False
+    # median/asha/hyperband, reproducible mode: the pruner stops no trial until this many have
+    # completed, and never at an epoch whose values ranked those uncut trials unlike their final
+    # values (a rung that does not predict the end stops nothing; search/optuna/batches.py); 0: off
+    check_rungs: int = Field(default=0, ge=0, le=MAX_TRIALS)
     perturbation_interval: int = Field(
         default=2,
         ge=1,
@@ -356,12 +360,13 @@ class SearchSpec(Strict):
             raise ValueError(
                 "fuse needs proposed batches (search.reproducible: true): it fuses the trials of one batch"
             )
-        if self.pruner.promote and (not self.reproducible or self.pruner.type not in PROMOTING):
-            raise ValueError(
-                f"search.pruner.promote needs search.reproducible: true and a pruner of type "
-                f"{', '.join(PROMOTING)} (got {self.pruner.type}): promotions are decided between "
-                f"batches, on the pruner's own rule"
-            )
+        for option in ("promote", "check_rungs"):
+            if getattr(self.pruner, option) and (not self.reproducible or self.pruner.type not in PROMOTING):
+                raise ValueError(
+                    f"search.pruner.{option} needs search.reproducible: true and a pruner of type "
+                    f"{', '.join(PROMOTING)} (got {self.pruner.type}): it is decided between batches, "
+                    f"on the pruner's own cuts"
+                )
         if self.reproducible and self.parallel > self.batch_size:
             raise ValueError(
                 f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
@@ -439,10 +444,11 @@ class SearchSpec(Strict):
                 raise ValueError(
                     f"search.{given[0]} is an Optuna backend option and backend is 'ray'; use {OPTUNA_ONLY[given[0]]}"
                 )
-            if self.pruner.promote:
+            if self.pruner.promote or self.pruner.check_rungs:
+                option = "promote" if self.pruner.promote else "check_rungs"
                 raise ValueError(
-                    "search.pruner.promote is an Optuna backend option and backend is 'ray': Ray Tune's "
-                    "ASHA stops trials for good"
+                    f"search.pruner.{option} is an Optuna backend option and backend is 'ray': Ray Tune's "
+                    f"schedulers make their own cuts"
                 )
         else:
             if self.pruner.type == "pbt":

@@ -46,6 +46,11 @@ from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.trial.seeding import sampler_seed
 
+# search.pruner.check_rungs: an epoch whose values rank the uncut trials with a Spearman
+# correlation under this against their final values is no rung (0.5: for normally distributed
+# scores the epoch's order agrees with the final one in two pairs of three; Kendall's tau 0.35)
+CHECKED_RHO = 0.5
+
 # search.rung_model: the fewest trials at a rung (and complete) the sampler models them by; TPE's
 # own n_startup_trials (10): with fewer points it samples at random whatever it sees.
 RUNG_MODEL_MIN = 10
@@ -61,6 +66,9 @@ class EarlierBatches:
         self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)
         self._survivors: list[FrozenTrial] | None = None  # the round's best trials, once every one finished
         self.refitted: set[int] = set()  # trials whose params an earlier space version changed (_fitted)
+        # (batch, the epochs search.pruner.check_rungs keeps from cutting -> their correlation;
+        # None: every epoch, fewer than check_rungs trials complete)
+        self.checked: tuple[int, dict[int, float] | None] = (-1, None)
 
     def space(self, batch: int) -> dict[str, sp.Param]:
         """The space the batch starting at slot ``batch`` samples from: after the family round
@@ -164,6 +172,34 @@ class EarlierBatches:
             if kept:
                 ranked.append((-epoch, -value, t.user_attrs.get(SLOT, t.number), t))
         return [t for *_, t in sorted(ranked, key=lambda r: r[:3])]
+
+    def spared(self, batch: int, epoch: int) -> float | None:
+        """search.pruner.check_rungs: why a trial of ``batch`` is not stopped at ``epoch`` though
+        the pruner says so: nan while fewer than check_rungs trials of the earlier batches are
+        complete (they run uncut), else the rank correlation of the epoch's values with the final
+        ones over the first check_rungs complete trials, where it is under CHECKED_RHO; None: the
+        cut stands."""
+        k = self.spec.search.pruner.check_rungs
+        if not k:
+            return None
+        if self.checked[0] != batch:
+            self.checked = (batch, self._unpredictive(batch, k))
+        blind = self.checked[1]
+        return math.nan if blind is None else blind.get(epoch)
+
+    def _unpredictive(self, batch: int, k: int) -> dict[int, float] | None:
+        """The epochs whose values rank the first ``k`` complete trials of the batches before
+        ``batch`` (by slot: those ran uncut, as fewer than ``k`` were complete before their
+        batch) with a Spearman correlation under CHECKED_RHO against their final values, and
+        that correlation; None while fewer than ``k`` are complete."""
+        complete = [t for t in self.finished_before(batch) if t.state == OptunaState.COMPLETE and t.value is not None]
+        if len(complete) < k:
+            return None
+        first = complete[:k]
+        finals = [float(t.value) for t in first if t.value is not None]
+        epochs = set.intersection(*(set(t.intermediate_values) for t in first)) - {self.spec.train.epochs}
+        correlations = {e: _spearman([t.intermediate_values[e] for t in first], finals) for e in sorted(epochs)}
+        return {e: rho for e, rho in correlations.items() if not rho >= CHECKED_RHO}
 
     def finished_before(self, batch: int) -> list[FrozenTrial]:
         """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
@@ -273,6 +309,28 @@ def _at_rung(trials: list[FrozenTrial], epochs: int) -> list[FrozenTrial]:
         )
         out.append(seen)
     return out
+
+
+def _spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (ties share their mean rank); 0 where either is constant."""
+    try:
+        return statistics.correlation(_ranks(x), _ranks(y))
+    except statistics.StatisticsError:
+        return 0.0
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start : end + 1]:
+            ranks[i] = (start + end) / 2
+        start = end + 1
+    return ranks
 
 
 def _resuming(t: FrozenTrial) -> dict[str, Any]:

@@ -7,6 +7,7 @@ memory) and to the circuit breaker."""
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import rdb
-from sweeper.search.optuna.batches import EarlierBatches
+from sweeper.search.optuna.batches import CHECKED_RHO, EarlierBatches
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.recovery import Breaker, Recovery
 from sweeper.search.optuna.study import (
@@ -62,6 +63,7 @@ class LiveTrial:
     clock_stopped: bool = False  # stopped by search.budget's clock, not by the pruner
     promoted_from: int | None = None  # the paused trial it continues (the family round's, or a pruner's)
     promoted_at: int | None = None  # the epoch a pruner paused that trial at (None: the family round's)
+    batch: int | None = None  # reproducible mode: the batch that proposed it
 
     @property
     def trial_id(self) -> int:
@@ -91,6 +93,7 @@ class LiveTrials:
         kept = checkpoints.kept(spec, done)
         self.kept = [r for r in done if r.number in kept]  # whose checkpoints are kept so far
         self.noted: set[str] = set()  # fallback reasons already said
+        self.noted_rungs: set[int] = set()  # epochs search.pruner.check_rungs said it spares
         # search.budget's clock: no epoch may end past it (time.time(); the coordinator sets it
         # from the ledger's deadline); None: epochs are never stopped by the clock
         self.clock_end: float | None = None
@@ -138,6 +141,7 @@ class LiveTrials:
         live = LiveTrial(trial, config, None, shadow, round_epochs=round_epochs)
         live.promoted_from = trial.user_attrs.get(PROMOTED_FROM)
         live.promoted_at = trial.user_attrs.get(PAUSED_AT)
+        live.batch = batch
         self.live[trial.number] = live
         return config
 
@@ -189,7 +193,22 @@ class LiveTrials:
             live.epochs[epoch] = value
             return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
-        return live.lost or live.shadow.should_prune()
+        return live.lost or (live.shadow.should_prune() and not self._spared(live, epoch))
+
+    def _spared(self, live: LiveTrial, epoch: int) -> bool:
+        """True if search.pruner.check_rungs overrules the pruner's cut (said once per epoch)."""
+        assert live.batch is not None
+        rho = self.batches.spared(live.batch, epoch)
+        if rho is None:
+            return False
+        if not math.isnan(rho) and epoch not in self.noted_rungs:
+            self.noted_rungs.add(epoch)
+            k = self.spec.search.pruner.check_rungs
+            self.ctx.observer.note(
+                f"search.pruner.check_rungs: epoch {epoch}'s values rank the first {k} complete trials unlike "
+                f"their final ones (Spearman {rho:.2f} < {CHECKED_RHO}): no trial is stopped there"
+            )
+        return True
 
     def _round_epochs(self, trial: optuna.Trial) -> int | None:
         """The epoch a trial of the family round (the sweep's first slots) ends at; None for others."""
