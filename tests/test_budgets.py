@@ -228,3 +228,20 @@ def test_a_budget_ends_the_sweep_on_the_clock(workdir: Path):
     assert "search.budget's clock ran out" in proc.stdout + proc.stderr
     trials = json.loads((workdir / "out" / "summary.json").read_text())["trials"]
     assert len(trials) > 10 and all(t["state"] in ("complete", "pruned") for t in trials)
+
+
+def test_the_finish_reserve_grows_with_the_machines_contention_up_to_its_share(workdir: Path):
+    """A machine busy with other work draws the finish out as it drew out the start-up: the
+    reserve kept for it is scaled by the contention measured (Linux's run-queue waits), and held
+    under 40 % of the clock so that a small budget still trains."""
+    from sweeper.plan import budget_clock
+    from sweeper.spec import load
+
+    def spec(seconds: float):
+        return load(write_spec(workdir / "s.yaml", search={"budget": {"device_hours": seconds / 3600}}))
+
+    idle, busy = budget_clock.clock(spec(100), slowdown=1.0), budget_clock.clock(spec(100), slowdown=2.0)
+    assert idle is not None and busy is not None and busy.reserve_s == pytest.approx(2 * idle.reserve_s)
+    small = budget_clock.clock(spec(10), slowdown=3.0)
+    assert small is not None and small.reserve_s == pytest.approx(0.4 * 10) and small.trials_s() == pytest.approx(6)
+    assert budget_clock.contention() >= 1.0  # this process has waited for a core at least not at all

@@ -164,7 +164,14 @@ def _rows(page: str) -> list[str]:
     return re.findall(r"<tr><td>\d+</td>.*?</tr>", page)
 
 
-def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, mlflow_uri: str):
+@pytest.mark.parametrize("clock_left_s", [None, 0.0])
+def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(
+    workdir: Path, mlflow_uri: str, clock_left_s: float | None
+):
+    """Every 2 ended trials the report is redrawn; none is under search.budget's clock when it
+    would end past the trials' end (``clock_left_s`` 0: the final report must not wait for it)."""
+    import time
+
     from sweeper.search.interim import InterimReview
     from sweeper.spec import load
     from sweeper.track.mlflow import Tracker
@@ -181,7 +188,8 @@ def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, 
         def event(self, event):
             seen.append(event)
 
-    review = InterimReview(Inner(), spec, tracker, parent)
+    until = None if clock_left_s is None else time.time() + clock_left_s
+    review = InterimReview(Inner(), spec, tracker, parent, until, draw_s=1.0)
     for n, (lr, hidden) in enumerate([(0.01, 16), (0.001, 32), (0.05, 32), (0.002, 16), (0.02, 16)]):
         history = [{"val_acc": 0.5 + 0.1 * epoch * (n + 1) / 5, "val_loss": 1.0 / epoch} for epoch in (1, 2, 3)]
         record = TrialRecord(
@@ -199,6 +207,9 @@ def test_a_running_sweeps_report_is_redrawn_every_k_ended_trials(workdir: Path, 
     tracker.drain()
     assert len(seen) == 10  # everything reaches the display as before
     run = MlflowClient(mlflow_uri).get_run(tracker.real_id(parent))
+    if until is not None:
+        assert "sweeper.review_trials" not in run.data.tags  # not one drawing: none would end in time
+        return
     covered = int(run.data.tags["sweeper.review_trials"])
     assert covered in (4, 5)  # the last boundary (every 2), or the trials ended by the time it was drawn
     client = MlflowClient(mlflow_uri)

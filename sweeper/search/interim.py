@@ -2,12 +2,15 @@
 `sweeper run`, the sweep's MLflow run gets report.html and plots/*.png of the trials so far
 (tag ``review_trials``: how many the report covers). Drawn on a thread of its own, so that no
 trial's end waits for it; boundaries passed while it draws are drawn once it is done, the latest
-trials then. The sweep's end replaces them with the final report (runner.py)."""
+trials then. The sweep's end replaces them with the final report (runner.py). Under
+search.budget's clock no drawing starts that would end past the trials' end: the final report
+waits for the one under way, and the clock has no room for it (plan/budget_clock.py)."""
 
 from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,19 @@ from sweeper.track.records import TrialEvent, TrialRecord
 class InterimReview:
     """An Observer that passes everything on to ``inner`` and redraws the review as trials end."""
 
-    def __init__(self, inner: Observer, spec: SweepSpec, tracker: Tracker, parent: str) -> None:
+    def __init__(
+        self,
+        inner: Observer,
+        spec: SweepSpec,
+        tracker: Tracker,
+        parent: str,
+        until: float | None = None,
+        draw_s: float = 0.0,
+    ) -> None:
+        """``until``: when the trials end (time.time() seconds; None: no clock); ``draw_s``: what
+        a drawing is expected to take before one has been timed (seconds)."""
         self.inner, self.spec, self.tracker, self.parent = inner, spec, tracker, parent
+        self.until, self.draw_s = until, draw_s
         self.every = spec.tracking.review_every
         self.ended: dict[int, TrialRecord] = {}
         self.wanted = 0  # the number of ended trials the next drawing should cover
@@ -61,15 +75,21 @@ class InterimReview:
     def _loop(self) -> None:
         while True:
             with self.lock:
-                if self.drawn >= self.wanted:
+                if self.drawn >= self.wanted or self._past_the_clock():
                     self.thread = None  # under the lock: a later boundary starts a new one
                     return
                 records = sorted(self.ended.values(), key=lambda r: r.number)
                 self.drawn = len(records)
+            started = time.monotonic()
             try:
                 self._draw(records)
             except Exception as exc:  # the review is a convenience: the sweep goes on
                 self.failure = f"{type(exc).__name__}: {exc}"
+            self.draw_s = time.monotonic() - started
+
+    def _past_the_clock(self) -> bool:
+        """Whether a drawing started now would end past the trials' end (the last one's time)."""
+        return self.until is not None and time.time() + self.draw_s > self.until
 
     def _draw(self, records: list[TrialRecord]) -> None:
         from sweeper.review import report

@@ -18,8 +18,8 @@ from pydantic import TypeAdapter
 from sweeper.errors import UserError
 from sweeper.export import registrar
 from sweeper.files import remove_stale_temps, write_atomic
-from sweeper.phases import phase
-from sweeper.plan import sized_space
+from sweeper.phases import launched_at, phase
+from sweeper.plan import budget_clock, sized_space
 from sweeper.plan.resolve import resolve_sweep
 from sweeper.plan.sized_space import Sized
 from sweeper.pluginhost.base_point import base_point, family_points
@@ -306,7 +306,12 @@ def _search(spec: SweepSpec, serving: Serving, tracker: Tracker, prepared: Prepa
     """The search itself (any backend), its interim report redrawn meanwhile (`sweeper run`); on
     any error the sweep's MLflow run says it stopped, and a re-run resumes it."""
     parent, role, visit = prepared.parent_run_id, serving.role, serving.visit
-    interim = InterimReview(serving.observer, spec, tracker, parent) if role == Role.RUN and parent else None
+    interim = None
+    if role == Role.RUN and parent:
+        slowdown = budget_clock.contention()
+        clock = budget_clock.clock(spec, slowdown=slowdown)  # a resume's clock ends sooner: it spent some
+        until = None if clock is None else launched_at() + clock.trials_s()
+        interim = InterimReview(serving.observer, spec, tracker, parent, until, budget_clock.FINISH_S * slowdown)
     ctx = SearchContext(
         serving.out_dir,
         tracker,

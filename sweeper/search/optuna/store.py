@@ -227,9 +227,10 @@ def _round_first(spec: SweepSpec, enqueue: list[dict[str, Any]]) -> tuple[list[d
 def _timeout(spec: SweepSpec, role: Role, spent_s: float) -> float | None:
     """The seconds from now after which no trial is claimed: search.timeout, and for `sweeper
     run` search.budget's clock (plan/budget_clock.py: counted from the command's launch, less
-    ``spent_s`` device-seconds spent before), whichever ends first. Workers that start a sweep
+    ``spent_s`` device-seconds spent before, its reserve for the finish scaled by how busy the
+    machine was while this process started), whichever ends first. Workers that start a sweep
     without `sweeper run` share its budget in device-seconds only: no launch to count from."""
-    budget = budget_clock.clock(spec, spent_s) if role == Role.RUN else None
+    budget = budget_clock.clock(spec, spent_s, budget_clock.contention()) if role == Role.RUN else None
     if budget is None:
         return spec.search.timeout
     left = max(1e-3, budget.trials_s() - (time.time() - launched_at()))  # the ledger takes > 0
