@@ -66,6 +66,32 @@ def test_large_budget_models_and_prunes() -> None:
     assert got["search.pruner"].startswith("median (min_epochs 1, startup_trials 5) | ")
 
 
+def test_auto_checks_the_rungs_where_the_uncut_trials_cost_a_tenth_of_the_sweep() -> None:
+    """search.pruner.check_rungs under auto: 8 uncut trials where the sweep is expected to run at
+    least 80 (its cap, or its budget over the base point's timed trial), none where they would
+    cost more; a written value and reproducible: false are the user's."""
+    space = {"optimizer.args.lr": LR}
+    budget = {"device_hours": 60 / 3600}  # 60 device-s
+    cheap = chosen(
+        spec_of({"n_trials": 10_000, "budget": budget, "space": space}, {"epochs": 10}),
+        st.Facts(cuda=False, trial_s=0.3),
+    )
+    assert "check_rungs 8) | " in cheap["search.pruner"] and "~200 trials expected" in cheap["search.pruner"]
+    assert cheap["spec"].search.pruner.check_rungs == 8  # type: ignore[attr-defined]
+    dear = chosen(
+        spec_of({"n_trials": 10_000, "budget": budget, "space": space}, {"epochs": 10}),
+        st.Facts(cuda=False, trial_s=8.0),
+    )
+    assert "no rung checked: ~7 trials expected" in dear["search.pruner"]
+    assert dear["spec"].search.pruner.check_rungs == 0  # type: ignore[attr-defined]
+    capped = chosen(spec_of({"n_trials": 60, "space": space}, {"epochs": 10}))
+    assert capped["spec"].search.pruner.check_rungs == 0  # type: ignore[attr-defined]
+    written = spec_of({"n_trials": 500, "pruner": {"type": "auto", "check_rungs": 3}, "space": space}, {"epochs": 10})
+    assert chosen(written)["spec"].search.pruner.check_rungs == 3  # type: ignore[attr-defined]
+    free = chosen(spec_of({"n_trials": 500, "reproducible": False, "space": space}, {"epochs": 10}))
+    assert free["spec"].search.pruner.check_rungs == 0  # type: ignore[attr-defined]  # refused there
+
+
 def test_no_rung_where_a_cut_saves_too_little() -> None:
     """Issue #47 item 5: on digits (10 epochs) Optuna's rung at epoch 9 took 44 % of `--auto`'s
     budget in trials cut a tenth of their cost before the end. sweeper's successive halving and

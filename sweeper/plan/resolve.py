@@ -79,13 +79,13 @@ def resolve_sweep(
             refused = probe_families(derived.spec, derived.families.added, prepared)
         if refused:
             derived = derive(loaded, refused)
-    changes = None
+    changes, trial_s = None, None
     if size is not None and sized_space.wanted(loaded):
         done = size(derived.spec)
         sources = {path: derived.sources[path] for path in done.spec.search.space}
         derived = Derived(_round_within(done.spec), sources, derived.families)
-        changes = done.changes
-    chosen = choose(derived.spec)
+        changes, trial_s = done.changes, done.base_s
+    chosen = choose(derived.spec, trial_s)
     spec = resolve_task(chosen.spec)
     check_plugins(spec)
     if before_build is not None:
@@ -105,20 +105,22 @@ def _round_within(spec: SweepSpec) -> SweepSpec:
     return spec.model_copy(update={"search": spec.search.model_copy(update={"family_round": round_.within(choices)})})
 
 
-def facts(spec: SweepSpec) -> Facts:
-    """This machine's device and what the plugins allow, for the trials of ``spec``."""
-    return Facts(cuda=_cuda(spec), unfusable=why_unfusable(spec))
+def facts(spec: SweepSpec, trial_s: float | None = None) -> Facts:
+    """This machine's device and what the plugins allow, for the trials of ``spec``; ``trial_s``:
+    one base-point trial's device-seconds where sizing timed it."""
+    return Facts(cuda=_cuda(spec), unfusable=why_unfusable(spec), trial_s=trial_s)
 
 
-def choose(spec: SweepSpec) -> Strategy:
+def choose(spec: SweepSpec, trial_s: float | None = None) -> Strategy:
     """``spec`` with search.sampler/pruner: auto, and the settings they shape that the spec does
     not write, chosen (strategy.py); a spec asking for no auto comes back as it is. Call it on
-    the spec as loaded: what was written is read from its fields set."""
+    the spec as loaded: what was written is read from its fields set. ``trial_s``: one
+    base-point trial's device-seconds, where sizing timed it."""
     if not strategy.wanted(spec):
         return Strategy(spec, ())
     resolve_task(spec)  # a task that cannot be built stops here with its own message, before facts()
     try:
-        return strategy.choose(spec, facts(spec))
+        return strategy.choose(spec, facts(spec, trial_s))
     except ValidationError as exc:  # a written setting the choice contradicts (e.g. search.population)
         detail = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()

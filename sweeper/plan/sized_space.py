@@ -51,6 +51,7 @@ COST_SHAPING = ("model.", "train.batch_size")
 class Sized:
     spec: SweepSpec  # the spec with its space sized (unchanged when nothing was too costly)
     changes: list[str] = field(default_factory=list)  # one line per change, for validate, run, summary.json
+    base_s: float | None = None  # device-seconds of one full trial at the base point, as timed here
 
 
 def wanted(spec: SweepSpec) -> bool:
@@ -66,7 +67,8 @@ def size(spec: SweepSpec, cache: DataCache | None = None) -> Sized:
     budget_s = spec.search.budget.device_hours * 3600
     timer = _Timer(spec, cache if cache is not None else DataCache())
     space = dict(spec.search.space)
-    allowed = max(budget_s / MIN_TRIALS, NOISE * timer.base_s(space))
+    base_s = timer.base_s(space)
+    allowed = max(budget_s / MIN_TRIALS, NOISE * base_s)
     changes: list[str] = []
     shaping = [p for p in space if p.startswith(COST_SHAPING)]
     for path in sorted(shaping, key=lambda p: not p.endswith(".plugin")):  # plugins first: their args may go
@@ -86,9 +88,9 @@ def size(spec: SweepSpec, cache: DataCache | None = None) -> Sized:
                 changes.append(_line(what, top, budget_s))
         space = _reachable(space)
     if not changes:
-        return Sized(spec)
+        return Sized(spec, [], base_s)
     search = spec.search.model_copy(update={"space": space})
-    return Sized(spec.model_copy(update={"search": search}), changes)
+    return Sized(spec.model_copy(update={"search": search}), changes, base_s)
 
 
 def _line(what: str, cost_s: float, budget_s: float) -> str:

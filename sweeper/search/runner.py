@@ -223,12 +223,12 @@ def _sized(derived: SweepSpec, out_dir: Path, cache: ProcessCache) -> Sized:
         if kept["key"] == key:
             space = {p: PARAM.validate_python(v) for p, v in kept["space"].items()}
             search = derived.search.model_copy(update={"space": space})
-            return Sized(derived.model_copy(update={"search": search}), list(kept["changes"]))
+            return Sized(derived.model_copy(update={"search": search}), list(kept["changes"]), kept.get("base_s"))
     except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: size again
         pass
     sized = sized_space.size(derived, cache.data)
     out_dir.mkdir(parents=True, exist_ok=True)
-    kept = {"key": key, "space": sp.as_json(sized.spec.search.space), "changes": sized.changes}
+    kept = {"key": key, "space": sp.as_json(sized.spec.search.space), "changes": sized.changes, "base_s": sized.base_s}
     write_atomic(path, json.dumps(kept, indent=1))
     return sized
 
