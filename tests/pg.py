@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +83,68 @@ def pg_url() -> Iterator[str]:
     """A fresh database's SQLAlchemy URL, dropped after the test."""
     with pg_database() as url:
         yield url
+
+
+class OwnCluster:
+    """A PostgreSQL cluster of the test's own (initdb in a temporary folder, its own port on
+    loopback, trust auth), for what must never happen to the machine's shared server: a restart
+    under running processes. PostgreSQL refuses to run as root: as root, its programs run as the
+    ``postgres`` user, who owns the folder."""
+
+    def __init__(self) -> None:
+        import glob
+        import socket
+        import tempfile
+
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not found:
+            pytest.fail("no PostgreSQL server programs under /usr/lib/postgresql/*/bin", pytrace=False)
+        self.bin = Path(found[-1]).parent
+        # a folder of its own in /tmp (pytest's are private to root, closed to the postgres user)
+        self.root = Path(tempfile.mkdtemp(prefix="sweeper-pg-"))
+        self.data, self.log = self.root / "pgdata", self.root / "postgres.log"
+        with socket.socket() as probe:  # a free port (the cluster takes it a moment later)
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        if os.getuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        self._ctl("start")
+
+    def restart(self) -> None:
+        """Every connection cut (a fast shutdown: sessions terminated, transactions rolled back),
+        then the server started again; returns once it accepts connections."""
+        self._ctl("restart", "-m", "fast")
+
+    def stop(self) -> None:
+        self._ctl("stop", "-m", "immediate")
+
+    def _ctl(self, *args: str) -> None:
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", *args)
+
+    def _run(self, program: str, *args: str) -> None:
+        import subprocess
+
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+        done = subprocess.run([*as_postgres, str(self.bin / program), *args], capture_output=True, text=True)
+        if done.returncode:
+            pytest.fail(
+                f"{program} {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}", pytrace=False
+            )
+
+
+@contextlib.contextmanager
+def own_cluster() -> Iterator[OwnCluster]:
+    """A started OwnCluster, stopped and removed afterwards."""
+    cluster = OwnCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        with contextlib.suppress(BaseException):
+            cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)

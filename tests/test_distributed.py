@@ -303,3 +303,86 @@ def test_a_dead_pool_workers_trial_is_retried(workdir: Path, gate: Path):
     (retry,) = [t for t in summary["trials"] if t["number"] == 4]
     assert (retry["params"], retry["seed"], retry["state"]) == (lost["params"], lost["seed"], "complete")
     assert summary["counts"] == {"complete": 4, "failed": 1}
+
+
+def test_two_workers_ride_out_two_database_restarts_with_the_table_of_one_process(
+    workdir: Path, gate: Path, reference: dict
+):
+    """Issue #56 item 4: the server goes away under two workers (a fast shutdown: every
+    connection cut) while one trains and one waits at the batch's end, and again while both
+    train; each worker says once that it waits, goes on when the server is back, and the sweep
+    ends with no exit, no traceback, no trial lost or trained twice: the table of one process.
+    The cluster is the test's own (tests/pg.py), never the machine's shared server."""
+    from pg import own_cluster
+
+    with own_cluster() as cluster:
+        spec = gated(workdir, gate, None, storage=cluster.url, n_trials=8)
+        a = start(workdir, "worker", str(spec), "--out", "a", "-q", log="a")
+        wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
+        b = start(workdir, "worker", str(spec), "--out", "b", "-q", log="b")
+        wait_for(lambda: count(cluster.url, "COMPLETE", "PRUNED") == 3, b, what="worker b finishing trials 1-3")
+
+        cluster.stop()  # b polls for the batch's end, a trains trial 0
+        waiting = "does not answer"
+        wait_for(lambda: waiting in (workdir / "b.log").read_text(), b, what="worker b waiting for the server")
+        (gate / "release").touch()  # a's result is written once the server is back
+        wait_for(lambda: waiting in (workdir / "a.log").read_text(), a, what="worker a waiting for the server")
+        cluster.start()
+        wait_for(lambda: count(cluster.url, "COMPLETE", "PRUNED") >= 5, b, what="a trial of batch 2 ending")
+        cluster.restart()  # while batch 2 trains
+        finish(a, workdir, "a")
+        finish(b, workdir, "b")
+        for log in ("a", "b"):
+            said = (workdir / f"{log}.log").read_text()
+            assert said.count(waiting) >= 1 and said.count("answers again") == said.count(waiting), said
+        sweeper("run", str(spec), "--out", "r", "-q", check=True)
+        summary = json.loads((workdir / "r" / "summary.json").read_text())
+    assert len(summary["trials"]) == 8 and summary["counts"].get("failed", 0) == 0
+    assert table(summary) == table(reference)
+
+
+def test_a_server_that_stays_away_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch):
+    """Past the wait for a restarting server: one clear error (exit 2 at the CLI) naming it."""
+    import socket
+
+    import sqlalchemy as sa
+
+    from sweeper.errors import UserError
+    from sweeper.search.optuna import engine
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(engine, "SERVER_WAIT_S", 1.0)
+    away = engine.waiting_for_server(sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/sweeps"))
+    with pytest.raises(
+        UserError, match=f"the database at postgresql\\+psycopg://postgres@127.0.0.1:{port}/sweeps has not"
+    ):
+        away.connect()
+
+
+def test_a_cut_statement_runs_again_told_that_its_first_try_may_have_gone_through():
+    """riding_out: a statement cut by the server going away (an OperationalError) runs again,
+    with ``cut`` set so that a compare-and-set checks what the lost try left; other errors, and
+    sqlite's (locks, not outages), are raised at once."""
+    import sqlalchemy as sa
+
+    from sweeper.search.optuna import engine
+
+    def cut_once() -> object:
+        tries: list[bool] = []
+
+        def op(cut: bool) -> list[bool]:
+            tries.append(cut)
+            if len(tries) == 1:
+                raise sa.exc.OperationalError("COMMIT", {}, Exception("terminating connection"))
+            return tries
+
+        return op
+
+    server = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:1/sweeps")
+    assert engine.riding_out(cut_once(), server, "a test") == [False, True]
+    with pytest.raises(sa.exc.OperationalError):
+        engine.riding_out(cut_once(), sa.create_engine("sqlite://"), "a test")
+    with pytest.raises(ValueError):
+        engine.riding_out(lambda cut: int("not a number"), server, "a test")

@@ -3,10 +3,15 @@ the engine's settings, and creating tables while other processes race to create 
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
+
+from sweeper.errors import UserError
 from sweeper.track import sqlite
 
 T = TypeVar("T")
@@ -37,3 +42,125 @@ def racing(create: Callable[[], T], lost_race: Callable[[Exception], bool]) -> T
                 raise
             time.sleep(BACKOFF_S * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+# A PostgreSQL restart or failover cuts every connection and refuses new ones for a few seconds
+# (`pg_ctlcluster 15 main restart -m fast`: about 2 s here; a managed failover: up to a minute).
+# A process waits this long for its server to answer again before it gives up with an error that
+# names the server (seconds), trying again after 0.5 s, 1 s, 2 s, ... at most MAX_PAUSE_S apart.
+SERVER_WAIT_S = 120.0
+FIRST_PAUSE_S = 0.5
+MAX_PAUSE_S = 5.0
+
+
+def waiting_for_server(engine: sa.Engine) -> sa.Engine:
+    """``engine``, whose new connections wait for a server that does not answer (restarting,
+    failing over) instead of failing: SERVER_WAIT_S at most, one line when the wait starts and
+    one when the server answers again, per process. sqlite engines come back unchanged. With
+    pool_pre_ping, a pooled connection the restart cut is replaced by such a new one on its next
+    use; a statement cut while it runs still fails (its caller decides what a retry means)."""
+    if engine.url.get_backend_name() == "sqlite":
+        return engine
+    where = engine.url.render_as_string(hide_password=True)
+
+    @sa.event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
+        refused = dialect.loaded_dbapi.OperationalError
+        return _OUTAGE.connect(lambda: dialect.connect(*cargs, **cparams), refused, where)
+
+    return engine
+
+
+class _Outage:
+    """This process's wait for its database servers: said once when it starts, once when over."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.since: float | None = None  # time.monotonic() of the first refusal, while one lasts
+
+    def connect(self, open_: Callable[[], T], refused: type[Exception], where: str) -> T:
+        pause = FIRST_PAUSE_S
+        while True:
+            try:
+                connection = open_()
+            except refused as exc:
+                waited = self._refused(where, exc)
+                if waited > SERVER_WAIT_S:
+                    raise UserError(
+                        f"the database at {where} has not answered for {waited:.0f} s: {_first_line(exc)}; "
+                        "is the server up? sweeper's processes wait for it up to that long"
+                    ) from None
+                time.sleep(pause)
+                pause = min(2 * pause, MAX_PAUSE_S)
+                continue
+            self._answered(where)
+            return connection
+
+    def _refused(self, where: str, exc: BaseException) -> float:
+        with self.lock:
+            now = time.monotonic()
+            if self.since is None:
+                self.since = now
+                print(
+                    f"warning: the database at {where} does not answer ({_first_line(exc)}); "
+                    f"waiting for it, at most {SERVER_WAIT_S:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return now - self.since
+
+    def _answered(self, where: str) -> None:
+        with self.lock:
+            if self.since is not None:
+                print(
+                    f"note: the database at {where} answers again after {time.monotonic() - self.since:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.since = None
+
+
+def riding_out(op: Callable[[bool], T], engine: sa.Engine, what: str) -> T:
+    """``op(cut)``, run again while it fails because the server went away under it (a statement
+    or commit cut by a restart: ``outage``), for SERVER_WAIT_S at most; the pause is the new
+    connection's (``waiting_for_server``). ``cut``: an earlier try was cut, and its commit may
+    have gone through: ``op`` checks what it left (a compare-and-set reads its row back). For
+    what may run twice: a read, a write of the same values, such a checked write; ``what`` names
+    it in the error past the wait. sqlite: ``op(False)`` once (its errors are locks, not outages)."""
+    if engine.url.get_backend_name() == "sqlite":
+        return op(False)
+    where, cut = engine.url.render_as_string(hide_password=True), False
+    while True:
+        try:
+            return op(cut)
+        except Exception as exc:
+            if not outage(exc):
+                raise
+            if _OUTAGE._refused(where, exc) > SERVER_WAIT_S:
+                raise UserError(f"{what}: the database at {where} has not answered for {SERVER_WAIT_S:.0f} s") from None
+            cut = True
+            time.sleep(FIRST_PAUSE_S)
+
+
+def outage(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is the server going away or refusing
+    connections: SQLAlchemy's wrapper of a DBAPI OperationalError (connection refused, terminated
+    by an administrator command, closed unexpectedly, shutting down, starting up) or a connection
+    it found invalidated. Optuna's StorageInternalError carries it as its cause."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: Optuna's error, SQLAlchemy's, the driver's
+        if seen is None:
+            return False
+        if isinstance(seen, sa.exc.DBAPIError) and (
+            seen.connection_invalidated or isinstance(seen, sa.exc.OperationalError)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+_OUTAGE = _Outage()

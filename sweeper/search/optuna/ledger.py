@@ -31,7 +31,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweeper.search.optuna.engine import engine_kwargs, racing
+from sweeper.search.optuna.engine import engine_kwargs, racing, riding_out, waiting_for_server
 
 _RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process created the table first
 
@@ -128,7 +128,7 @@ class Sweep:
 
 
 def engine_for(url: str) -> sa.Engine:
-    return sa.create_engine(url, **engine_kwargs(url))
+    return waiting_for_server(sa.create_engine(url, **engine_kwargs(url)))
 
 
 class Ledger:
@@ -146,6 +146,9 @@ class Ledger:
     # --- the sweep row -------------------------------------------------------------------------
 
     def read(self) -> Sweep | None:
+        return riding_out(lambda _: self._read(), self.engine, f"sweep {self.name}: reading its row")
+
+    def _read(self) -> Sweep | None:
         with self.engine.connect() as db:
             row = db.execute(sa.select(SWEEPS).where(SWEEPS.c.study == self.name)).mappings().first()
         if row is None:
@@ -191,10 +194,21 @@ class Ledger:
             return False
 
     def _update(self, where: Any, **values: Any) -> bool:
-        """One atomic UPDATE of the sweep's row where ``where`` holds; True if it applied."""
-        with self.engine.begin() as db:
-            done = db.execute(SWEEPS.update().where(SWEEPS.c.study == self.name, where).values(**values))
-        return done.rowcount == 1
+        """One atomic UPDATE of the sweep's row where ``where`` holds; True if it applied. Through
+        a restart of the server: an answer lost with the connection is read back from the row
+        (it holds ``values``: this update applied, or one that set the same)."""
+
+        def update(cut: bool) -> bool:  # cut: an earlier try's commit may have gone through
+            with self.engine.begin() as db:
+                done = db.execute(SWEEPS.update().where(SWEEPS.c.study == self.name, where).values(**values))
+            if done.rowcount == 1 or not cut:
+                return done.rowcount == 1
+            with self.engine.connect() as db:
+                row = db.execute(sa.select(SWEEPS).where(SWEEPS.c.study == self.name)).mappings().first()
+            literal = {k: v for k, v in values.items() if not isinstance(v, sa.ColumnElement)}
+            return row is not None and all(row[k] == v for k, v in literal.items())
+
+        return riding_out(update, self.engine, f"sweep {self.name}: updating its row")
 
     def take_preparation(self, dead: str | None) -> bool:
         """Prepare in place of ``dead`` (a preparer that stopped), or re-prepare a ready sweep (dead=None)."""

@@ -33,6 +33,7 @@ storage, and runs again on each end: constraints/optuna-lowest.txt and -newest.t
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from datetime import datetime
@@ -49,6 +50,8 @@ from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+
+from sweeper.search.optuna.engine import riding_out
 
 __all__ = [
     "beat",
@@ -126,6 +129,47 @@ def expired(study: optuna.Study) -> set[int]:
 
 
 # --- transactions (RDBStorage) ----------------------------------------------------------------------
+
+
+def _riding(name: str) -> Any:
+    """RDBStorage's method ``name``, run again through a restart of the server (``riding_out``)."""
+    base = getattr(RDBStorage, name)
+
+    @functools.wraps(base)
+    def method(self: RDBStorage, *args: Any, **kwargs: Any) -> Any:
+        return riding_out(lambda _: base(self, *args, **kwargs), self.engine, f"the study's storage ({name})")
+
+    return method
+
+
+class RidingStorage(RDBStorage):
+    """Optuna's RDBStorage whose reads, and writes that may run twice (an attr or an epoch's
+    value set again to the same), ride out a restart of the server. Creating a trial and ending
+    one are not among them: rdb.create is one transaction a cut leaves undone or done, and
+    rdb.finish and rdb.claim check what a cut try left."""
+
+    get_all_trials = _riding("get_all_trials")
+    get_trial = _riding("get_trial")
+    get_n_trials = _riding("get_n_trials")
+    get_best_trial = _riding("get_best_trial")
+    get_all_studies = _riding("get_all_studies")
+    get_study_id_from_name = _riding("get_study_id_from_name")
+    get_study_name_from_id = _riding("get_study_name_from_id")
+    get_study_directions = _riding("get_study_directions")
+    get_study_user_attrs = _riding("get_study_user_attrs")
+    get_study_system_attrs = _riding("get_study_system_attrs")
+    get_trial_id_from_study_id_trial_number = _riding("get_trial_id_from_study_id_trial_number")
+    get_trial_number_from_id = _riding("get_trial_number_from_id")
+    get_trial_params = _riding("get_trial_params")
+    get_trial_param = _riding("get_trial_param")
+    get_trial_user_attrs = _riding("get_trial_user_attrs")
+    get_trial_system_attrs = _riding("get_trial_system_attrs")
+    set_study_user_attr = _riding("set_study_user_attr")
+    set_study_system_attr = _riding("set_study_system_attr")
+    set_trial_user_attr = _riding("set_trial_user_attr")
+    set_trial_system_attr = _riding("set_trial_system_attr")
+    set_trial_intermediate_value = _riding("set_trial_intermediate_value")
+    record_heartbeat = _riding("record_heartbeat")
 
 
 def _rdb(study: optuna.Study) -> RDBStorage:
@@ -226,20 +270,31 @@ def claim(study: optuna.Study, trial_id: int, system_attrs: dict[str, Any], user
     """WAITING -> RUNNING, with its first heartbeat and these attrs, in one transaction; False
     when another process claimed it first."""
     rdb = _rdb(study)
-    try:
-        with _create_scoped_session(rdb.scoped_session) as session:
-            trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
-            if trial.state != TrialState.WAITING:
-                return False
-            trial.state, trial.datetime_start = TrialState.RUNNING, datetime.now()
-            for key, attr in system_attrs.items():
-                rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, attr)
-            for key, attr in user_attrs.items():
-                rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
-            _heartbeat(session, trial_id)
-    except IntegrityError:  # two processes created the heartbeat row at once: the other one won
-        return False
-    return True
+
+    def take(cut: bool) -> bool:  # cut: an earlier try's commit may have gone through
+        try:
+            with _create_scoped_session(rdb.scoped_session) as session:
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+                if trial.state != TrialState.WAITING:
+                    return cut and _holds(session, trial_id, system_attrs)  # the cut try's claim went through
+                trial.state, trial.datetime_start = TrialState.RUNNING, datetime.now()
+                for key, attr in system_attrs.items():
+                    rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, attr)
+                for key, attr in user_attrs.items():
+                    rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
+                _heartbeat(session, trial_id)
+        except IntegrityError:  # two processes created the heartbeat row at once: the other one won
+            return False
+        return True
+
+    return riding_out(take, rdb.engine, f"trial {trial_id}: claiming it")
+
+
+def _holds(session: Session, trial_id: int, system_attrs: dict[str, Any]) -> bool:
+    """Whether the trial's system attrs are ``system_attrs`` (its owner's among them)."""
+    model = models.TrialSystemAttributeModel
+    stored = {row.key: json.loads(row.value_json) for row in session.query(model).filter(model.trial_id == trial_id)}
+    return all(stored.get(key) == json.loads(json.dumps(value)) for key, value in system_attrs.items())
 
 
 def beat(study: optuna.Study, trial_id: int, epochs: dict[int, float], renew: bool = True) -> None:
@@ -275,16 +330,22 @@ def finish(
         raise ValueError(f"a complete trial needs {len(study.directions)} values, not {values}")  # as study.tell
     study._thread_local.cached_all_trials = None  # as study.tell: the study's cache of its trials
     rdb = _rdb(study)
-    with _create_scoped_session(rdb.scoped_session) as session:
-        trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
-        rdb.check_trial_is_updatable(trial_id, trial.state)
-        _epochs(session, trial_id, epochs)
-        for key, attr in user_attrs.items():
-            rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
-        for objective, value in enumerate(values or []):
-            rdb._set_trial_value_without_commit(session, trial, objective, float(value))
-        trial.state, trial.datetime_complete = state, datetime.now()
-    return stored(study, trial_id)
+
+    def write(cut: bool) -> None:  # cut: an earlier try's commit may have gone through
+        with _create_scoped_session(rdb.scoped_session) as session:
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+            if cut and trial.state == state:
+                return  # the cut try's commit went through: the trial holds this end
+            rdb.check_trial_is_updatable(trial_id, trial.state)
+            _epochs(session, trial_id, epochs)
+            for key, attr in user_attrs.items():
+                rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, attr)
+            for objective, value in enumerate(values or []):
+                rdb._set_trial_value_without_commit(session, trial, objective, float(value))
+            trial.state, trial.datetime_complete = state, datetime.now()
+
+    riding_out(write, rdb.engine, f"trial {trial_id}: writing its end")
+    return riding_out(lambda _: stored(study, trial_id), rdb.engine, f"trial {trial_id}: reading it back")
 
 
 def _epochs(session: Session, trial_id: int, epochs: dict[int, float]) -> None:

@@ -13,7 +13,8 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.errors import UserError
 from sweeper.plan.strategy import last_rung
-from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing
+from sweeper.search.optuna import rdb
+from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing, waiting_for_server
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.states import TrialState
@@ -75,12 +76,14 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
     def create() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            storage = rdb.RidingStorage(
                 url,
                 engine_kwargs=engine_kwargs(url),
                 heartbeat_interval=spec.search.heartbeat_s,
                 grace_period=spec.search.lease_s,
             )
+        waiting_for_server(storage.engine)  # from now on: it waits for a restarting server
+        return storage
 
     try:  # "already exists": another process created Optuna's tables just now
         return racing(create, lambda exc: "already exists" in str(exc))
