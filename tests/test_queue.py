@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import sweeper, wait_for, write_spec
 from pg import pg_url  # noqa: F401 (a fixture: a fresh database per test)
-from test_distributed import finish, gated, start, trials
+from test_distributed import finish, gated, reference, start, trials  # noqa: F401 (reference: a fixture)
 
 from sweeper.queue.policy import HALF_LIFE_S, Pool, ahead_by, choose
 from sweeper.queue.table import Entry, Offer
@@ -421,3 +421,38 @@ def test_a_queue_made_before_device_counts_gains_them(tmp_path: Path):
         assert [(w["worker"], w["devices"]) for w in queue.workers(60)] == [("w", 4)]
     finally:
         queue.close()
+
+
+def test_two_drain_workers_ride_out_two_database_restarts(workdir: Path, gate: Path, reference: dict):
+    """Issue #56 item 4, as an operator saw it: two sweeps in the queue, two `sweeper worker
+    --queue --drain`, and the server stopped while one worker trains (held at its gate), then
+    restarted while both train. No worker exits early or prints a traceback, each sweep is
+    summarised once with every trial, and the gated sweep's table is one process's. The cluster
+    is the test's own (tests/pg.py), never the machine's shared server."""
+    from pg import own_cluster
+    from test_distributed import table
+
+    with own_cluster() as cluster:
+        gated_spec = gated(workdir, gate, None, n_trials=8)
+        sweeper("submit", str(gated_spec), "--queue", cluster.url, "--priority", "5", check=True)
+        sweeper("submit", str(smoke(workdir, "two", n_trials=8)), "--queue", cluster.url, check=True)
+        workers = [
+            start(workdir, "worker", "--queue", cluster.url, "--drain", "--out", "runs", log=f"w{i}") for i in (1, 2)
+        ]
+        wait_for(lambda: (gate / "blocked").exists(), workers[0], what="a worker holding trial 0 at its gate")
+
+        cluster.stop()
+        waiting = "does not answer"
+        for i, w in enumerate(workers, 1):  # each notices at its next statement (a heartbeat at the latest)
+            wait_for(lambda i=i: waiting in (workdir / f"w{i}.log").read_text(), w, what=f"worker {i} waiting")
+        (gate / "release").touch()
+        cluster.start()
+        wait_for(lambda: queue_rows(cluster.url)["two"]["trials_done"] >= 2, what="sweep two training")
+        cluster.restart()
+        for i, w in enumerate(workers, 1):
+            finish(w, workdir, f"w{i}")
+        rows = queue_rows(cluster.url)
+    for name in ("smoke", "two"):
+        assert rows[name]["state"] == "finished" and rows[name]["trials_done"] == 8, rows[name]
+    summary = json.loads(Path(rows["smoke"]["note"]).read_text())
+    assert table(summary) == table(reference)

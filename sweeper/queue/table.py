@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from sweeper.errors import UserError
-from sweeper.search.optuna.engine import racing
+from sweeper.search.optuna.engine import racing, riding_out
 from sweeper.search.optuna.ledger import SPENT, engine_for
 from sweeper.search.optuna.study import safe_url
 
+T = TypeVar("T")
 _RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process created the table first
 
 STATES = ("queued", "running", "finishing", "finished", "failed", "cancelled")
@@ -174,15 +176,25 @@ class Queue:
                 f"--owner {self.role()}"
             ) from None
 
+    def _riding(self, op: Callable[[bool], T], what: str) -> T:
+        """``op`` through a restart of the server (engine.riding_out): for what may run twice."""
+        return riding_out(op, self.engine, f"the queue at {safe_url(self.url)}: {what}")
+
+    def _rows(self, query: Any) -> list[Any]:
+        """The rows ``query`` selects (mappings), read through a restart of the server."""
+
+        def read(_: bool) -> list[Any]:
+            with self.engine.connect() as db:
+                return list(db.execute(query).mappings().all())
+
+        return self._riding(read, "reading it")
+
     def entries(self) -> list[Entry]:
         """Every sweep of the queue, in the order submitted."""
-        with self.engine.connect() as db:
-            rows = db.execute(sa.select(QUEUE).order_by(QUEUE.c.submitted_at, QUEUE.c.name)).mappings().all()
-        return [Entry.of(r) for r in rows]
+        return [Entry.of(r) for r in self._rows(sa.select(QUEUE).order_by(QUEUE.c.submitted_at, QUEUE.c.name))]
 
     def entry(self, name: str) -> Entry:
-        with self.engine.connect() as db:
-            row = db.execute(sa.select(QUEUE).where(QUEUE.c.name == name)).mappings().first()
+        row = next(iter(self._rows(sa.select(QUEUE).where(QUEUE.c.name == name))), None)
         if row is None:
             names = [e.name for e in self.entries()]
             raise UserError(
@@ -191,12 +203,22 @@ class Queue:
         return Entry.of(row)
 
     def move(self, name: str, from_states: tuple[str, ...], **values: Any) -> bool:
-        """One atomic UPDATE of the sweep's row while it is in one of ``from_states``; True if it applied."""
-        with self.engine.begin() as db:
-            done = db.execute(
-                QUEUE.update().where(QUEUE.c.name == name, QUEUE.c.state.in_(from_states)).values(**values)
-            )
-        return done.rowcount == 1
+        """One atomic UPDATE of the sweep's row while it is in one of ``from_states``; True if it
+        applied. Through a restart of the server: an answer lost with the connection is read back
+        from the row (it holds ``values``: this move applied, or one that set the same)."""
+
+        def update(cut: bool) -> bool:
+            with self.engine.begin() as db:
+                done = db.execute(
+                    QUEUE.update().where(QUEUE.c.name == name, QUEUE.c.state.in_(from_states)).values(**values)
+                )
+            if done.rowcount == 1 or not cut:
+                return done.rowcount == 1
+            with self.engine.connect() as db:
+                row = db.execute(sa.select(QUEUE).where(QUEUE.c.name == name)).mappings().first()
+            return row is not None and all(row[k] == v for k, v in values.items())
+
+        return self._riding(update, f"moving sweep {name}")
 
     def set_priority(self, name: str, priority: int) -> None:
         entry = self.entry(name)  # a UserError naming the sweeps when there is no such sweep
@@ -237,44 +259,60 @@ class Queue:
 
     def owners(self) -> dict[str, dict[str, Any]]:
         """owner -> {weight, max_devices}, for the owners given either."""
-        with self.engine.connect() as db:
-            rows = db.execute(sa.select(OWNERS)).mappings().all()
+        rows = self._rows(sa.select(OWNERS))
         return {r["owner"]: {"weight": r["weight"], "max_devices": r["max_devices"]} for r in rows}
 
     def spent(self) -> dict[str, float]:
         """Device-seconds each sweep's finished trials used (its ledger's sweeper_spent row)."""
-        with self.engine.connect() as db:
-            self._has_ledger = self._has_ledger or sa.inspect(db).has_table(SPENT.name)
-            if not self._has_ledger:  # no sweep has run yet: the workers look once per decision until one has
-                return {}
-            return {r.study: float(r.device_seconds) for r in db.execute(sa.select(SPENT))}
+
+        def read(_: bool) -> dict[str, float]:
+            with self.engine.connect() as db:
+                self._has_ledger = self._has_ledger or sa.inspect(db).has_table(SPENT.name)
+                if not self._has_ledger:  # no sweep has run yet: the workers look once per decision until one has
+                    return {}
+                return {r.study: float(r.device_seconds) for r in db.execute(sa.select(SPENT))}
+
+        return self._riding(read, "reading the spent device time")
 
     # --- workers ------------------------------------------------------------------------------
 
     def join(self, worker: str, offer: Offer) -> None:
         now = time.time()
-        with self.engine.begin() as db:
-            db.execute(
-                WORKERS.insert().values(
-                    worker=worker,
-                    device=offer.device,
-                    memory_gb=offer.memory_gb,
-                    devices=offer.devices,
-                    started_at=now,
-                    seen_at=now,
-                )
-            )
+        row = {"device": offer.device, "memory_gb": offer.memory_gb, "devices": offer.devices}
+
+        def insert(cut: bool) -> None:
+            try:
+                with self.engine.begin() as db:
+                    db.execute(WORKERS.insert().values(worker=worker, **row, started_at=now, seen_at=now))
+            except IntegrityError:
+                if not cut:  # else the cut try's insert went through
+                    raise
+
+        self._riding(insert, f"worker {worker} joining")
 
     def serve(self, worker: str, name: str | None) -> None:
         """Say which sweep ``worker`` trains for now (None: none)."""
-        with self.engine.begin() as db:
-            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(serving=name, seen_at=time.time()))
+        self._set(worker, serving=name, seen_at=time.time())
+
+    def _set(self, worker: str, **values: Any) -> None:
+        """``worker``'s row updated with ``values`` (again after a restart of the server: the same)."""
+
+        def update(_: bool) -> None:
+            with self.engine.begin() as db:
+                db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(**values))
+
+        self._riding(update, f"worker {worker}'s row")
 
     def take_seat(self, worker: str, entry: Entry, live_within_s: float) -> bool:
         """Say that ``worker`` serves ``entry`` now, unless its owner's quota of devices is used
         up by other live workers: one transaction holding the owner's row (PostgreSQL: FOR UPDATE),
         so two workers cannot both take an owner's last device."""
         since = time.time() - live_within_s
+        return self._riding(lambda _: self._take_seat(worker, entry, since), f"worker {worker} serving {entry.name}")
+
+    def _take_seat(self, worker: str, entry: Entry, since: float) -> bool:
+        """take_seat's transaction (run again after a cut: the same answer, as the quota counts
+        the other workers only)."""
         with self.engine.begin() as db:
             quota = db.execute(
                 sa.select(OWNERS.c.max_devices).where(OWNERS.c.owner == entry.owner).with_for_update()
@@ -299,25 +337,19 @@ class Queue:
 
     def set_unit(self, worker: str, seconds: float) -> None:
         """Say what ``worker``'s last trial cost (device-seconds): others count its running trial so."""
-        with self.engine.begin() as db:
-            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(unit_s=seconds))
+        self._set(worker, unit_s=seconds)
 
     def heartbeat(self, worker: str) -> None:
-        with self.engine.begin() as db:
-            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(seen_at=time.time()))
+        self._set(worker, seen_at=time.time())
 
     def leave(self, worker: str) -> None:
-        with self.engine.begin() as db:
-            db.execute(WORKERS.update().where(WORKERS.c.worker == worker).values(serving=None, left_at=time.time()))
+        self._set(worker, serving=None, left_at=time.time())
 
     def workers(self, live_within_s: float) -> list[dict[str, Any]]:
         """The workers that renewed their heartbeat within ``live_within_s`` and have not left."""
         since = time.time() - live_within_s
-        with self.engine.connect() as db:
-            rows = db.execute(
-                sa.select(WORKERS).where(WORKERS.c.left_at.is_(None), WORKERS.c.seen_at >= since)
-            ).mappings()
-            return [dict(r) for r in rows]
+        live = sa.select(WORKERS).where(WORKERS.c.left_at.is_(None), WORKERS.c.seen_at >= since)
+        return [dict(r) for r in self._rows(live)]
 
 
 # Columns added after the queue's first release: (table, column, its definition for ADD COLUMN)

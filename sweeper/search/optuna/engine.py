@@ -134,29 +134,31 @@ def riding_out(op: Callable[[bool], T], engine: sa.Engine, what: str) -> T:
         try:
             return op(cut)
         except Exception as exc:
-            if not outage(exc):
+            cause = outage(exc)
+            if cause is None:
                 raise
-            if _OUTAGE._refused(where, exc) > SERVER_WAIT_S:
+            if _OUTAGE._refused(where, cause) > SERVER_WAIT_S:
                 raise UserError(f"{what}: the database at {where} has not answered for {SERVER_WAIT_S:.0f} s") from None
             cut = True
             time.sleep(FIRST_PAUSE_S)
 
 
-def outage(exc: BaseException) -> bool:
-    """Whether ``exc``, or an error it was raised from, is the server going away or refusing
-    connections: SQLAlchemy's wrapper of a DBAPI OperationalError (connection refused, terminated
-    by an administrator command, closed unexpectedly, shutting down, starting up) or a connection
-    it found invalidated. Optuna's StorageInternalError carries it as its cause."""
+def outage(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain (itself, or one it was raised from) that says the server went
+    away or refuses connections, None if there is none: SQLAlchemy's wrapper of a DBAPI
+    OperationalError (connection refused, terminated by an administrator command, closed
+    unexpectedly, shutting down, starting up) or a connection it found invalidated. Optuna's
+    StorageInternalError carries it as its cause."""
     seen: BaseException | None = exc
     for _ in range(8):  # a short chain: Optuna's error, SQLAlchemy's, the driver's
         if seen is None:
-            return False
+            return None
         if isinstance(seen, sa.exc.DBAPIError) and (
             seen.connection_invalidated or isinstance(seen, sa.exc.OperationalError)
         ):
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

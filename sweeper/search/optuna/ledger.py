@@ -232,9 +232,13 @@ class Ledger:
 
     def spaces(self) -> list[dict[str, Any]]:
         """The sweep's space versions, oldest first: [] while it has kept the space it started with."""
-        with self.engine.connect() as db:
-            rows = db.execute(sa.select(SPACES).where(SPACES.c.study == self.name).order_by(SPACES.c.version))
-            return [{"version": r.version, "space": json.loads(r.space), "first_slot": r.first_slot} for r in rows]
+
+        def read(_: bool) -> list[dict[str, Any]]:
+            with self.engine.connect() as db:
+                rows = db.execute(sa.select(SPACES).where(SPACES.c.study == self.name).order_by(SPACES.c.version))
+                return [{"version": r.version, "space": json.loads(r.space), "first_slot": r.first_slot} for r in rows]
+
+        return riding_out(read, self.engine, f"sweep {self.name}: reading its spaces")
 
     def add_space(self, space: dict[str, Any], first_slot: int) -> int:
         """Record ``space`` as the sweep's next version, from ``first_slot`` on; its version."""
@@ -302,57 +306,70 @@ class Ledger:
             .where(SPENT.c.study == self.name)
             .values(device_seconds=SPENT.c.device_seconds + device_seconds)
         )
-        with self.engine.begin() as db:
-            if db.execute(add).rowcount == 1:
-                return
-        try:  # the sweep's first spending: its row
+
+        def spend(_: bool) -> None:
             with self.engine.begin() as db:
-                db.execute(SPENT.insert().values(study=self.name, device_seconds=device_seconds))
-        except IntegrityError:  # another process inserted it first: add to it
-            with self.engine.begin() as db:
-                db.execute(add)
+                if db.execute(add).rowcount == 1:
+                    return
+            try:  # the sweep's first spending: its row
+                with self.engine.begin() as db:
+                    db.execute(SPENT.insert().values(study=self.name, device_seconds=device_seconds))
+            except IntegrityError:  # another process inserted it first: add to it
+                with self.engine.begin() as db:
+                    db.execute(add)
+
+        # again after a cut: a commit the restart cut after it applied counts this trial twice (the
+        # budget ends up to one trial early; no key tells an addition apart)
+        riding_out(spend, self.engine, f"sweep {self.name}: adding spent device time")
 
     def device_seconds(self) -> float:
-        with self.engine.connect() as db:
-            spent = db.execute(sa.select(SPENT.c.device_seconds).where(SPENT.c.study == self.name)).scalar()
-        return float(spent or 0.0)
+        def read(_: bool) -> float:
+            with self.engine.connect() as db:
+                spent = db.execute(sa.select(SPENT.c.device_seconds).where(SPENT.c.study == self.name)).scalar()
+            return float(spent or 0.0)
+
+        return riding_out(read, self.engine, f"sweep {self.name}: reading its spent device time")
 
     # --- members -------------------------------------------------------------------------------
 
     def join(self, role: str) -> None:
         now = time.time()
         host, pid, _ = self.member.split(":")
-        with self.engine.begin() as db:
-            db.execute(
-                MEMBERS.insert().values(
-                    study=self.name, member=self.member, host=host, pid=int(pid), role=role, started_at=now, seen_at=now
-                )
-            )
+        row = {"study": self.name, "member": self.member, "host": host, "pid": int(pid), "role": role}
+
+        def insert(cut: bool) -> None:
+            try:
+                with self.engine.begin() as db:
+                    db.execute(MEMBERS.insert().values(**row, started_at=now, seen_at=now))
+            except IntegrityError:
+                if not cut:  # else the cut try's insert went through
+                    raise
+
+        riding_out(insert, self.engine, f"sweep {self.name}: joining it")
 
     def heartbeat(self) -> None:
-        with self.engine.begin() as db:
-            db.execute(
-                MEMBERS.update()
-                .where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
-                .values(seen_at=time.time())
-            )
+        self._set_member(seen_at=time.time())
 
     def leave(self) -> None:
-        with self.engine.begin() as db:
-            db.execute(
-                MEMBERS.update()
-                .where(MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
-                .values(left_at=time.time())
-            )
+        self._set_member(left_at=time.time())
+
+    def _set_member(self, **values: Any) -> None:
+        """This process's members row updated (again after a restart of the server: the same)."""
+
+        def update(_: bool) -> None:
+            with self.engine.begin() as db:
+                mine = (MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
+                db.execute(MEMBERS.update().where(*mine).values(**values))
+
+        riding_out(update, self.engine, f"sweep {self.name}: its member {self.member}")
 
     def members(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as db:
-            rows = (
-                db.execute(sa.select(MEMBERS).where(MEMBERS.c.study == self.name).order_by(MEMBERS.c.started_at))
-                .mappings()
-                .all()
-            )
-        return [dict(r) for r in rows]
+        def read(_: bool) -> list[dict[str, Any]]:
+            with self.engine.connect() as db:
+                query = sa.select(MEMBERS).where(MEMBERS.c.study == self.name).order_by(MEMBERS.c.started_at)
+                return [dict(r) for r in db.execute(query).mappings().all()]
+
+        return riding_out(read, self.engine, f"sweep {self.name}: reading its members")
 
     def alive(self, member: str | None) -> bool:
         """Whether ``member`` still renews its heartbeat (a process on this host: whether its pid lives)."""

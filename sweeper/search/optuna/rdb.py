@@ -149,6 +149,9 @@ class RidingStorage(RDBStorage):
     rdb.finish and rdb.claim check what a cut try left."""
 
     get_all_trials = _riding("get_all_trials")
+    _get_trials = _riding("_get_trials")  # what Optuna's cache in front of it reads trials with
+    _get_best_trial_id = _riding("_get_best_trial_id")
+    _get_stale_trial_ids = _riding("_get_stale_trial_ids")
     get_trial = _riding("get_trial")
     get_n_trials = _riding("get_n_trials")
     get_best_trial = _riding("get_best_trial")
