@@ -114,6 +114,16 @@ class OwnCluster:
     def start(self) -> None:
         self._ctl("start")
 
+    def database(self, name: str) -> str:
+        """A new database ``name`` on the cluster: its SQLAlchemy URL."""
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as db:
+            db.execute(f'CREATE DATABASE "{name}"')
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
     def restart(self) -> None:
         """Every connection cut (a fast shutdown: sessions terminated, transactions rolled back),
         then the server started again; returns once it accepts connections."""

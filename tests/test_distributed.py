@@ -311,12 +311,17 @@ def test_two_workers_ride_out_two_database_restarts_with_the_table_of_one_proces
     """Issue #56 item 4: the server goes away under two workers (a fast shutdown: every
     connection cut) while one trains and one waits at the batch's end, and again while both
     train; each worker says once that it waits, goes on when the server is back, and the sweep
-    ends with no exit, no traceback, no trial lost or trained twice: the table of one process.
-    The cluster is the test's own (tests/pg.py), never the machine's shared server."""
+    ends with no exit, no traceback, no trial lost or trained twice: the table of one process,
+    one finished MLflow run per trial (MLflow on the same server). The cluster is the test's own
+    (tests/pg.py), never the machine's shared server."""
+    import yaml
     from pg import own_cluster
 
     with own_cluster() as cluster:
-        spec = gated(workdir, gate, None, storage=cluster.url, n_trials=8)
+        spec = gated(workdir, gate, "restarts", storage=cluster.url, n_trials=8)
+        tree = yaml.safe_load(spec.read_text())  # MLflow on the same server, as a team would run it
+        tree["tracking"]["mlflow_uri"] = cluster.database("mlflow")
+        spec.write_text(yaml.safe_dump(tree, sort_keys=False))
         a = start(workdir, "worker", str(spec), "--out", "a", "-q", log="a")
         wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
         b = start(workdir, "worker", str(spec), "--out", "b", "-q", log="b")
@@ -337,6 +342,8 @@ def test_two_workers_ride_out_two_database_restarts_with_the_table_of_one_proces
             assert said.count(waiting) >= 1 and said.count("answers again") == said.count(waiting), said
         sweeper("run", str(spec), "--out", "r", "-q", check=True)
         summary = json.loads((workdir / "r" / "summary.json").read_text())
+        runs = children(MlflowClient(tree["tracking"]["mlflow_uri"]), summary["mlflow"]["parent_run_id"])
+        assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}  # none lost, none twice
     assert len(summary["trials"]) == 8 and summary["counts"].get("failed", 0) == 0
     assert table(summary) == table(reference)
 

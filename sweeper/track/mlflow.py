@@ -61,10 +61,15 @@ def resolve_uri(explicit: str | None = None) -> str:
 
 def configure() -> None:
     """MLflow in this process as sweeper uses it: MLFLOW_ENV's settings (unless the user set them),
-    its INFO logs of the database set-up silenced (the sweep's own display says what matters),
+    its INFO logs of the database set-up and its SQL store's error tracebacks silenced (the
+    sweep's own display and the outbox say what matters),
     sqlite stores in WAL mode (a commit without a sync to disk)."""
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow's SQL store logs each database error with its traceback, then raises it; the outbox
+    # (outbox.py) retries it and says once when the store is away: a database restart under a
+    # sweep would print a traceback per write
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     for key, value in MLFLOW_ENV.items():
         os.environ.setdefault(key, value)
     sqlite.install()
