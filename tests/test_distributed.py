@@ -349,26 +349,33 @@ def test_two_workers_ride_out_two_database_restarts_with_the_table_of_one_proces
 
 
 def test_a_server_that_stays_away_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch):
-    """Past the wait for a restarting server: one clear error (exit 2 at the CLI) naming it."""
+    """Past the wait for a server that answered before: one clear error (exit 2 at the CLI)
+    naming it. A server that never answered (a wrong address) fails at once, as before."""
     import socket
 
     import sqlalchemy as sa
+    from pg import own_cluster
 
     from sweeper.errors import UserError
     from sweeper.search.optuna import engine
 
+    monkeypatch.setattr(engine, "SERVER_WAIT_S", 1.0)
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setattr(engine, "SERVER_WAIT_S", 1.0)
-    away = engine.waiting_for_server(sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/sweeps"))
-    with pytest.raises(
-        UserError, match=f"the database at postgresql\\+psycopg://postgres@127.0.0.1:{port}/sweeps has not"
-    ):
-        away.connect()
+        nowhere = f"postgresql+psycopg://postgres@127.0.0.1:{probe.getsockname()[1]}/sweeps"
+    with pytest.raises(sa.exc.OperationalError):
+        engine.waiting_for_server(sa.create_engine(nowhere)).connect()
+    with own_cluster() as cluster:
+        away = engine.waiting_for_server(sa.create_engine(cluster.url))
+        away.connect().close()
+        away.dispose()  # no pooled connection left: the next one is new
+        cluster.stop()
+        with pytest.raises(UserError, match=f"the database at {cluster.url.replace('+', '[+]')} has not answered"):
+            away.connect()
+        cluster.start()  # for own_cluster's stop
 
 
-def test_a_cut_statement_runs_again_told_that_its_first_try_may_have_gone_through():
+def test_a_cut_statement_runs_again_told_that_its_first_try_may_have_gone_through(monkeypatch: pytest.MonkeyPatch):
     """riding_out: a statement cut by the server going away (an OperationalError) runs again,
     with ``cut`` set so that a compare-and-set checks what the lost try left; other errors, and
     sqlite's (locks, not outages), are raised at once."""
@@ -387,9 +394,12 @@ def test_a_cut_statement_runs_again_told_that_its_first_try_may_have_gone_throug
 
         return op
 
-    server = sa.create_engine("postgresql+psycopg://postgres@127.0.0.1:1/sweeps")
+    server = sa.engine.make_url("postgresql+psycopg://postgres@127.0.0.1:1/sweeps")
+    with pytest.raises(sa.exc.OperationalError):  # a server that never answered this process: at once
+        engine.riding_out(cut_once(), server, "a test")
+    monkeypatch.setattr(engine._OUTAGE, "servers", {"127.0.0.1:1"})  # as if it had answered before
     assert engine.riding_out(cut_once(), server, "a test") == [False, True]
     with pytest.raises(sa.exc.OperationalError):
-        engine.riding_out(cut_once(), sa.create_engine("sqlite://"), "a test")
+        engine.riding_out(cut_once(), sa.engine.make_url("sqlite://"), "a test")
     with pytest.raises(ValueError):
         engine.riding_out(lambda cut: int("not a number"), server, "a test")

@@ -178,7 +178,7 @@ class Queue:
 
     def _riding(self, op: Callable[[bool], T], what: str) -> T:
         """``op`` through a restart of the server (engine.riding_out): for what may run twice."""
-        return riding_out(op, self.engine, f"the queue at {safe_url(self.url)}: {what}")
+        return riding_out(op, self.engine.url, f"the queue at {safe_url(self.url)}: {what}")
 
     def _rows(self, query: Any) -> list[Any]:
         """The rows ``query`` selects (mappings), read through a restart of the server."""

@@ -56,7 +56,9 @@ MAX_PAUSE_S = 5.0
 def waiting_for_server(engine: sa.Engine) -> sa.Engine:
     """``engine``, whose new connections wait for a server that does not answer (restarting,
     failing over) instead of failing: SERVER_WAIT_S at most, one line when the wait starts and
-    one when the server answers again, per process. sqlite engines come back unchanged. With
+    one when the server answers again, per process. Only a server that answered this process
+    before is waited for: a wrong address or a server that is not up fails at once, as it did.
+    sqlite engines come back unchanged. With
     pool_pre_ping, a pooled connection the restart cut is replaced by such a new one on its next
     use; a statement cut while it runs still fails (its caller decides what a retry means)."""
     if engine.url.get_backend_name() == "sqlite":
@@ -65,6 +67,10 @@ def waiting_for_server(engine: sa.Engine) -> sa.Engine:
 
     @sa.event.listens_for(engine, "do_connect")
     def connect(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
+        if not _OUTAGE.answered_before(engine.url):
+            connection = dialect.connect(*cargs, **cparams)
+            _OUTAGE.servers.add(_server(engine.url))
+            return connection
         refused = dialect.loaded_dbapi.OperationalError
         return _OUTAGE.connect(lambda: dialect.connect(*cargs, **cparams), refused, where)
 
@@ -77,6 +83,10 @@ class _Outage:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.since: float | None = None  # time.monotonic() of the first refusal, while one lasts
+        self.servers: set[str] = set()  # the servers (host:port) that answered this process
+
+    def answered_before(self, url: sa.URL) -> bool:
+        return _server(url) in self.servers
 
     def connect(self, open_: Callable[[], T], refused: type[Exception], where: str) -> T:
         pause = FIRST_PAUSE_S
@@ -120,22 +130,23 @@ class _Outage:
                 self.since = None
 
 
-def riding_out(op: Callable[[bool], T], engine: sa.Engine, what: str) -> T:
+def riding_out(op: Callable[[bool], T], url: sa.URL, what: str) -> T:
     """``op(cut)``, run again while it fails because the server went away under it (a statement
     or commit cut by a restart: ``outage``), for SERVER_WAIT_S at most; the pause is the new
     connection's (``waiting_for_server``). ``cut``: an earlier try was cut, and its commit may
     have gone through: ``op`` checks what it left (a compare-and-set reads its row back). For
     what may run twice: a read, a write of the same values, such a checked write; ``what`` names
-    it in the error past the wait. sqlite: ``op(False)`` once (its errors are locks, not outages)."""
-    if engine.url.get_backend_name() == "sqlite":
+    it in the error past the wait. ``url``: the server's. Only a server that answered this
+    process before is waited for. sqlite: ``op(False)`` once (its errors are locks, not outages)."""
+    if url.get_backend_name() == "sqlite":
         return op(False)
-    where, cut = engine.url.render_as_string(hide_password=True), False
+    where, cut = url.render_as_string(hide_password=True), False
     while True:
         try:
             return op(cut)
         except Exception as exc:
             cause = outage(exc)
-            if cause is None:
+            if cause is None or not _OUTAGE.answered_before(url):
                 raise
             if _OUTAGE._refused(where, cause) > SERVER_WAIT_S:
                 raise UserError(f"{what}: the database at {where} has not answered for {SERVER_WAIT_S:.0f} s") from None
@@ -159,6 +170,10 @@ def outage(exc: BaseException) -> BaseException | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _server(url: sa.URL) -> str:
+    return f"{url.host}:{url.port}"
 
 
 def _first_line(exc: BaseException) -> str:

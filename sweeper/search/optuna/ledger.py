@@ -146,7 +146,7 @@ class Ledger:
     # --- the sweep row -------------------------------------------------------------------------
 
     def read(self) -> Sweep | None:
-        return riding_out(lambda _: self._read(), self.engine, f"sweep {self.name}: reading its row")
+        return riding_out(lambda _: self._read(), self.engine.url, f"sweep {self.name}: reading its row")
 
     def _read(self) -> Sweep | None:
         with self.engine.connect() as db:
@@ -208,7 +208,7 @@ class Ledger:
             literal = {k: v for k, v in values.items() if not isinstance(v, sa.ColumnElement)}
             return row is not None and all(row[k] == v for k, v in literal.items())
 
-        return riding_out(update, self.engine, f"sweep {self.name}: updating its row")
+        return riding_out(update, self.engine.url, f"sweep {self.name}: updating its row")
 
     def take_preparation(self, dead: str | None) -> bool:
         """Prepare in place of ``dead`` (a preparer that stopped), or re-prepare a ready sweep (dead=None)."""
@@ -238,7 +238,7 @@ class Ledger:
                 rows = db.execute(sa.select(SPACES).where(SPACES.c.study == self.name).order_by(SPACES.c.version))
                 return [{"version": r.version, "space": json.loads(r.space), "first_slot": r.first_slot} for r in rows]
 
-        return riding_out(read, self.engine, f"sweep {self.name}: reading its spaces")
+        return riding_out(read, self.engine.url, f"sweep {self.name}: reading its spaces")
 
     def add_space(self, space: dict[str, Any], first_slot: int) -> int:
         """Record ``space`` as the sweep's next version, from ``first_slot`` on; its version."""
@@ -320,7 +320,7 @@ class Ledger:
 
         # again after a cut: a commit the restart cut after it applied counts this trial twice (the
         # budget ends up to one trial early; no key tells an addition apart)
-        riding_out(spend, self.engine, f"sweep {self.name}: adding spent device time")
+        riding_out(spend, self.engine.url, f"sweep {self.name}: adding spent device time")
 
     def device_seconds(self) -> float:
         def read(_: bool) -> float:
@@ -328,7 +328,7 @@ class Ledger:
                 spent = db.execute(sa.select(SPENT.c.device_seconds).where(SPENT.c.study == self.name)).scalar()
             return float(spent or 0.0)
 
-        return riding_out(read, self.engine, f"sweep {self.name}: reading its spent device time")
+        return riding_out(read, self.engine.url, f"sweep {self.name}: reading its spent device time")
 
     # --- members -------------------------------------------------------------------------------
 
@@ -345,7 +345,7 @@ class Ledger:
                 if not cut:  # else the cut try's insert went through
                     raise
 
-        riding_out(insert, self.engine, f"sweep {self.name}: joining it")
+        riding_out(insert, self.engine.url, f"sweep {self.name}: joining it")
 
     def heartbeat(self) -> None:
         self._set_member(seen_at=time.time())
@@ -361,7 +361,7 @@ class Ledger:
                 mine = (MEMBERS.c.study == self.name, MEMBERS.c.member == self.member)
                 db.execute(MEMBERS.update().where(*mine).values(**values))
 
-        riding_out(update, self.engine, f"sweep {self.name}: its member {self.member}")
+        riding_out(update, self.engine.url, f"sweep {self.name}: its member {self.member}")
 
     def members(self) -> list[dict[str, Any]]:
         def read(_: bool) -> list[dict[str, Any]]:
@@ -369,7 +369,7 @@ class Ledger:
                 query = sa.select(MEMBERS).where(MEMBERS.c.study == self.name).order_by(MEMBERS.c.started_at)
                 return [dict(r) for r in db.execute(query).mappings().all()]
 
-        return riding_out(read, self.engine, f"sweep {self.name}: reading its members")
+        return riding_out(read, self.engine.url, f"sweep {self.name}: reading its members")
 
     def alive(self, member: str | None) -> bool:
         """Whether ``member`` still renews its heartbeat (a process on this host: whether its pid lives)."""

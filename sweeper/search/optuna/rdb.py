@@ -137,7 +137,7 @@ def _riding(name: str) -> Any:
 
     @functools.wraps(base)
     def method(self: RDBStorage, *args: Any, **kwargs: Any) -> Any:
-        return riding_out(lambda _: base(self, *args, **kwargs), self.engine, f"the study's storage ({name})")
+        return riding_out(lambda _: base(self, *args, **kwargs), self.engine.url, f"the study's storage ({name})")
 
     return method
 
@@ -191,31 +191,49 @@ def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTria
     them, less its queries: it finds the trial again and flushes for every parameter and attribute
     (a batch of 4 trials: about 30 statements, 5 ms a trial; docs/speed.md)."""
     sid = study_id(study)
-    with _create_scoped_session(_rdb(study).scoped_session) as session:
-        models.StudyModel.find_or_raise_by_id(sid, session, for_update=True)
-        checked = _distributions(session, sid, templates)  # before anything is written
-        first = session.query(sa.func.count(models.TrialModel.trial_id)).filter_by(study_id=sid).scalar()
-        made = [
-            models.TrialModel(
-                study_id=sid,
-                number=first + i,
-                state=t.state,
-                datetime_start=t.datetime_start,
-                datetime_complete=t.datetime_complete,
-            )
-            for i, t in enumerate(templates)
-        ]
-        session.add_all(made)
-        session.flush()  # their ids
-        for row, template in zip(made, templates):
-            session.add_all(_rows(row.trial_id, template, checked))
-        numbered = [(m.trial_id, m.number) for m in made]
+
+    def write(cut: bool) -> list[tuple[int, int]]:  # cut: an earlier try's commit may have gone through
+        if cut and (found := _made_already(study, templates)) is not None:
+            return found
+        with _create_scoped_session(_rdb(study).scoped_session) as session:
+            models.StudyModel.find_or_raise_by_id(sid, session, for_update=True)
+            checked = _distributions(session, sid, templates)  # before anything is written
+            first = session.query(sa.func.count(models.TrialModel.trial_id)).filter_by(study_id=sid).scalar()
+            made = [
+                models.TrialModel(
+                    study_id=sid,
+                    number=first + i,
+                    state=t.state,
+                    datetime_start=t.datetime_start,
+                    datetime_complete=t.datetime_complete,
+                )
+                for i, t in enumerate(templates)
+            ]
+            session.add_all(made)
+            session.flush()  # their ids
+            for row, template in zip(made, templates):
+                session.add_all(_rows(row.trial_id, template, checked))
+            return [(m.trial_id, m.number) for m in made]
+
+    numbered = riding_out(write, _rdb(study).engine.url, "creating the batch's trials")
     out = []
     for template, (new_id, number) in zip(templates, numbered):
         trial = copy.deepcopy(template)
         trial._trial_id, trial.number = new_id, number
         out.append(trial)
     return out
+
+
+def _made_already(study: optuna.Study, templates: list[FrozenTrial]) -> list[tuple[int, int]] | None:
+    """The (id, number) of trials the study holds with each template's params and user attrs
+    (what a cut try's commit made), None if it holds none of them."""
+    held = {
+        json.dumps([t.params, t.user_attrs], sort_keys=True, default=str): t for t in study.get_trials(deepcopy=False)
+    }
+    found = [held.get(json.dumps([t.params, t.user_attrs], sort_keys=True, default=str)) for t in templates]
+    if not all(found):
+        return None
+    return [(t._trial_id, t.number) for t in found if t is not None]
 
 
 def _distributions(session: Session, sid: int, templates: list[FrozenTrial]) -> set[str]:
@@ -290,7 +308,7 @@ def claim(study: optuna.Study, trial_id: int, system_attrs: dict[str, Any], user
             return False
         return True
 
-    return riding_out(take, rdb.engine, f"trial {trial_id}: claiming it")
+    return riding_out(take, rdb.engine.url, f"trial {trial_id}: claiming it")
 
 
 def _holds(session: Session, trial_id: int, system_attrs: dict[str, Any]) -> bool:
@@ -347,8 +365,8 @@ def finish(
                 rdb._set_trial_value_without_commit(session, trial, objective, float(value))
             trial.state, trial.datetime_complete = state, datetime.now()
 
-    riding_out(write, rdb.engine, f"trial {trial_id}: writing its end")
-    return riding_out(lambda _: stored(study, trial_id), rdb.engine, f"trial {trial_id}: reading it back")
+    riding_out(write, rdb.engine.url, f"trial {trial_id}: writing its end")
+    return riding_out(lambda _: stored(study, trial_id), rdb.engine.url, f"trial {trial_id}: reading it back")
 
 
 def _epochs(session: Session, trial_id: int, epochs: dict[int, float]) -> None:

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
 from sweeper.errors import UserError
 from sweeper.plan.strategy import last_rung
 from sweeper.search.optuna import rdb
-from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing, waiting_for_server
+from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing, riding_out, waiting_for_server
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.states import TrialState
@@ -85,8 +86,13 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
         waiting_for_server(storage.engine)  # from now on: it waits for a restarting server
         return storage
 
-    try:  # "already exists": another process created Optuna's tables just now
-        return racing(create, lambda exc: "already exists" in str(exc))
+    try:  # "already exists": another process created Optuna's tables just now; a restart of a
+        # server this process used already (a queue's worker visiting its next sweep): waited for
+        return riding_out(
+            lambda _: racing(create, lambda exc: "already exists" in str(exc)),
+            sqlalchemy.engine.make_url(url),
+            f"search.storage {safe_url(url)}",
+        )
     except ModuleNotFoundError as exc:  # a database driver (psycopg) is not installed
         raise UserError(
             f"search.storage: {exc.name} is needed for {url.split(':')[0]}; install sweeper[postgres]"
