@@ -307,7 +307,16 @@ class QueueWorker:
 
 def ended(url: str, spec: SweepSpec) -> bool:
     """Whether the sweep has nothing left: its budget is spent (or a stop requested) and none of
-    its trials runs or waits (`sweeper run`'s condition to summarise)."""
+    its trials runs or waits (`sweeper run`'s condition to summarise). Read again through a
+    restart of the server (engine.riding_out)."""
+    import sqlalchemy as sa
+
+    from sweeper.search.optuna.engine import riding_out
+
+    return riding_out(lambda _: _ended(url, spec), sa.engine.make_url(url), f"sweep '{spec.name}': has it ended?")
+
+
+def _ended(url: str, spec: SweepSpec) -> bool:
     import optuna
     from optuna.trial import TrialState as OptunaState
 
