@@ -192,6 +192,20 @@ def test_hand_written_entries_and_fixed_arguments_win():
     assert plain.spec == spec_with() and set(plain.sources.values()) == {HAND_WRITTEN}
 
 
+def test_a_derived_space_searches_the_task_s_priors_where_the_spec_fixes_none():
+    # a regression's loss (a robust one where targets hold outliers: the benchmark's outlier task)
+    derived = derive(spec_with(task={"plugin": "regression"}, search={"auto": {"train": False}}))
+    space = derived.spec.search.space
+    assert space["task.args.loss"] == sp.CategoricalParam(type="categorical", choices=["mse", "huber", "l1"])
+    assert space["task.args.huber_delta"].when == {"task.args.loss": "huber"}
+    assert derived.sources["task.args.loss"].startswith("prior of task plugin 'regression'")
+    # a loss the spec fixes is kept, and the argument conditioned on another loss goes
+    fixed = derive(spec_with(task={"plugin": "regression", "args": {"loss": "mse"}}, search={"auto": {}}))
+    assert not any(p.startswith("task.") for p in fixed.spec.search.space)
+    # classification declares no priors: nothing of the task's is searched
+    assert not any(p.startswith("task.") for p in derive(spec_with(search={"auto": {}})).spec.search.space)
+
+
 def test_a_when_condition_may_list_values():
     space = {
         "model.plugin": sp.CategoricalParam(type="categorical", choices=["mlp", "cnn", "resnet18"]),

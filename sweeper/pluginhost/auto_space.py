@@ -78,6 +78,8 @@ def derive(spec: SweepSpec, refused: dict[str, str] | None = None) -> Derived:
             entries[plugin_path] = (sp.CategoricalParam(type="categorical", choices=list(names)), origin)
         added = section == "model" and bool(families.added)
         entries.update(_plugin_arguments(spec, section, kind, names, hand, added))
+    # the task's own priors (a regression's loss): the spec's task, which the data decides, not a choice
+    entries.update(_plugin_arguments(spec, "task", "tasks", [spec.task.plugin], hand))
     if auto.train:
         entries.update(_training(spec, hand))
     space = {path: hand.get(path, param) for path, (param, _) in entries.items()} | hand
