@@ -44,6 +44,7 @@ from sweeper.errors import SweepStopped, UserError
 from sweeper.queue import finish
 from sweeper.queue.policy import Pool, ahead_by, choose, preempted_for
 from sweeper.queue.table import LIVE_S, OPEN, Entry, Offer, Queue
+from sweeper.search.optuna.engine import first_line, outage
 from sweeper.search.optuna.ledger import Ledger, studies, this_member
 from sweeper.search.optuna.study import safe_url
 from sweeper.search.state import Role
@@ -53,6 +54,7 @@ HEARTBEAT_S = 5.0  # how often a worker renews its row
 POLL_S = 1.0  # how often an idle worker looks at the queue again
 REST_S = 5.0  # a sweep left with nothing to claim is not entered again by this worker for this long
 FAULT_REST_S = 30.0  # a sweep whose visit failed unexpectedly is not visited again by this worker for this long
+OUTAGE_REST_S = POLL_S  # one whose visit the database's going away cut: entered again once it answers
 KEPT_DATA = 2  # the data sets (and compiled forwards) of this many sweeps last visited stay in memory
 
 
@@ -139,19 +141,34 @@ class QueueWorker:
             if self.stopping is not None:
                 self.finisher.close()
                 return self.finisher.finished(self.queue)
-            self.finisher.check(self.queue)
-            entry = self._next()
-            if entry is not None:
-                self._serve(entry)
-                continue
-            if self._finish_orphans():
-                continue
-            if self.drain and not any(
-                e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
-            ):
-                self.finisher.close()
-                return self.finisher.finished(self.queue)
+            with self._outage_passes("the queue"):
+                self.finisher.check(self.queue)
+                entry = self._next()
+                if entry is not None:
+                    self._serve(entry)
+                    continue
+                if self._finish_orphans():
+                    continue
+                if self.drain and not any(
+                    e.state == "finishing" or (e.state in OPEN and self.offer.fits(e)) for e in self.queue.entries()
+                ):
+                    self.finisher.close()
+                    return self.finisher.finished(self.queue)
             time.sleep(POLL_S)
+
+    @contextlib.contextmanager
+    def _outage_passes(self, what: str) -> Iterator[None]:
+        """A statement about ``what`` cut by the database going away (a restart, a failover),
+        beyond those that ride it out where they run (engine.riding_out): one line, and the worker
+        goes on at its next turn, whose first statement waits for the server
+        (engine.waiting_for_server). These are reads and checked writes: a turn may run again."""
+        try:
+            yield
+        except Exception as exc:
+            cause = outage(exc)
+            if cause is None:
+                raise
+            self.say(f"warning: {what}: a statement cut by the database going away ({first_line(cause)}); going on")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -208,10 +225,16 @@ class QueueWorker:
             self._fail(entry, str(exc))
             self.visits.pop(entry.name).close()
             return
-        except Exception:  # a fault of this visit (the database away a moment): said; the queue goes on
-            traceback.print_exc()
+        except Exception as exc:  # a fault of this visit: said; the queue goes on
+            cause = outage(exc)
+            if cause is None:
+                traceback.print_exc()
+            else:  # a statement the database's going away cut: entered again once the server answers
+                self.say(
+                    f"warning: sweep '{entry.name}': its visit cut by the database going away ({first_line(cause)})"
+                )
             self.visits.pop(entry.name).close()
-            self.resting[entry.name] = time.time() + FAULT_REST_S
+            self.resting[entry.name] = time.time() + (FAULT_REST_S if cause is None else OUTAGE_REST_S)
             return
         finally:
             self.queue.serve(self.me, None)

@@ -97,7 +97,7 @@ class _Outage:
                 waited = self._refused(where, exc)
                 if waited > SERVER_WAIT_S:
                     raise UserError(
-                        f"the database at {where} has not answered for {waited:.0f} s: {_first_line(exc)}; "
+                        f"the database at {where} has not answered for {waited:.0f} s: {first_line(exc)}; "
                         "is the server up? sweeper's processes wait for it up to that long"
                     ) from None
                 time.sleep(pause)
@@ -112,7 +112,7 @@ class _Outage:
             if self.since is None:
                 self.since = now
                 print(
-                    f"warning: the database at {where} does not answer ({_first_line(exc)}); "
+                    f"warning: the database at {where} does not answer ({first_line(exc)}); "
                     f"waiting for it, at most {SERVER_WAIT_S:.0f} s",
                     file=sys.stderr,
                     flush=True,
@@ -176,7 +176,8 @@ def _server(url: sa.URL) -> str:
     return f"{url.host}:{url.port}"
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (the driver's, for a log line), or its type's name."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
