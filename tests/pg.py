@@ -158,3 +158,67 @@ def own_cluster() -> Iterator[OwnCluster]:
         with contextlib.suppress(BaseException):
             cluster.stop()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pgbouncer(url: str, server_connections: int) -> Iterator[str]:
+    """Debian's pgbouncer in front of the server of ``url`` (a database of pg_database's), in
+    transaction pooling with at most ``server_connections`` to the server for that database and
+    user, on its own port; yields ``url`` through it. As root it runs as the ``postgres`` user
+    (it refuses root). Without pgbouncer the test is skipped, except where
+    SWEEPER_REQUIRE_PGBOUNCER is set (CI installs it: .ci/run)."""
+    import socket
+    import subprocess
+    import tempfile
+
+    from sqlalchemy.engine import make_url
+
+    program = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    if program is None:
+        if os.environ.get("SWEEPER_REQUIRE_PGBOUNCER"):
+            pytest.fail("pgbouncer is not installed (apt-get install pgbouncer)", pytrace=False)
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    target = make_url(url)
+    root = Path(tempfile.mkdtemp(prefix="sweeper-pgbouncer-"))  # readable by the postgres user
+    with socket.socket() as probe:  # a free port (pgbouncer takes it a moment later)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (root / "users.txt").write_text(f'"{target.username}" ""\n')
+    (root / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={target.host} port={target.port or 5432}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {root / 'users.txt'}\n"
+        f"pool_mode = transaction\ndefault_pool_size = {server_connections}\nmax_client_conn = 1000\n"
+        f"logfile = {root / 'pgbouncer.log'}\n"
+    )
+    if os.getuid() == 0:
+        shutil.chown(root, "postgres")
+        for path in root.iterdir():
+            shutil.chown(path, "postgres")
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
+    process = subprocess.Popen(
+        [*as_postgres, program, str(root / "pgbouncer.ini")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _until_it_listens(port, process, root / "pgbouncer.log")
+        yield target.set(port=port).render_as_string(hide_password=False)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _until_it_listens(port: int, process, log: Path) -> None:
+    """Return once something accepts connections on ``port`` (an event, not a wait for a time)."""
+    import socket
+    import time
+
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"pgbouncer exited ({process.returncode}): {log.read_text() if log.exists() else ''}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)

@@ -403,3 +403,27 @@ def test_a_cut_statement_runs_again_told_that_its_first_try_may_have_gone_throug
         engine.riding_out(cut_once(), sa.engine.make_url("sqlite://"), "a test")
     with pytest.raises(ValueError):
         engine.riding_out(lambda cut: int("not a number"), server, "a test")
+
+
+def test_workers_share_a_study_through_pgbouncer_in_transaction_pooling(
+    workdir: Path, gate: Path, pg_url: str, reference: dict
+):
+    """Issue #56 item 5: past about 30 workers their connections outgrow PostgreSQL's default
+    max_connections (docs/many-machines.md#connections); pgbouncer in transaction pooling lets
+    them share a few. Two workers and the summarising run, each through a pooler that holds 2
+    server connections in all, give the table of one process: nothing of sweeper's (nor of
+    Optuna's) needs a session of its own (no statement prepared on the server, no session
+    setting, no lock held between transactions)."""
+    from pg import pgbouncer
+
+    with pgbouncer(pg_url, server_connections=2) as pooled:
+        spec = gated(workdir, gate, None, storage=pooled, n_trials=8)
+        gate.mkdir(parents=True, exist_ok=True)
+        (gate / "release").touch()  # no trial waits: the workers run side by side at once
+        workers = [start(workdir, "worker", str(spec), "--out", name, "-q", log=name) for name in ("a", "b")]
+        for name, worker in zip(("a", "b"), workers):
+            finish(worker, workdir, name)
+        sweeper("run", str(spec), "--out", "r", "-q", check=True)
+    summary = json.loads((workdir / "r" / "summary.json").read_text())
+    assert len(summary["trials"]) == 8 and summary["counts"].get("failed", 0) == 0
+    assert table(summary) == table(reference)

@@ -459,3 +459,35 @@ def test_two_drain_workers_ride_out_two_database_restarts(workdir: Path, gate: P
         assert [t["number"] for t in trials] == list(range(8)), [(t["number"], t["reason"]) for t in trials]
     summary = json.loads(Path(rows["smoke"]["note"]).read_text())
     assert table(summary) == table(reference)
+
+
+def test_a_queue_worker_holds_few_connections_each_named_for_its_process(workdir: Path, pg_url: str):
+    """Issue #56 item 5: a queue worker's queue, its visits' ledgers and Optuna storages (two
+    sweeps here, both kept open) and its heartbeats share one pool (engine.shared_engine): at most
+    POOL_KEPT + POOL_OVERFLOW connections to the database at once (an engine each, with
+    SQLAlchemy's defaults, held 10), and so does its finishing process; every connection is named
+    for its process in pg_stat_activity (``sweeper worker PID``), none left to an engine of
+    Optuna's own (a study loaded from its URL held a pool until collected)."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from sweeper.search.optuna.engine import POOL_KEPT, POOL_OVERFLOW
+
+    for name in ("one", "two"):
+        sweeper("submit", str(smoke(workdir, name)), "--queue", pg_url, check=True)
+    worker = start(workdir, "worker", "--queue", pg_url, "--drain", "--out", "runs", log="w")
+    held: dict[str, int] = {}  # the most connections each process held at once, until the worker exits
+    database = make_url(pg_url).database
+    with psycopg.connect(host="127.0.0.1", user="postgres", dbname="postgres", autocommit=True) as db:
+        while worker.poll() is None:
+            rows = db.execute(
+                "SELECT application_name, count(*) FROM pg_stat_activity "
+                "WHERE datname = %s AND backend_type = 'client backend' GROUP BY 1",
+                (database,),
+            ).fetchall()
+            for process, n in rows:
+                held[process] = max(held.get(process, 0), n)
+    finish(worker, workdir, "w")
+    assert {r["state"] for r in queue_rows(pg_url).values()} == {"finished"}
+    assert held.get(f"sweeper worker {worker.pid}", 0) >= 1, held
+    assert all(process.startswith("sweeper ") and n <= POOL_KEPT + POOL_OVERFLOW for process, n in held.items()), held

@@ -25,8 +25,8 @@ def secure(url: str, workers: str, submitters: list[str]) -> list[str]:
     on row-level security on the queue's rows; the statements run, for the record."""
     import optuna
 
+    from sweeper.search.optuna.engine import shared_engine
     from sweeper.search.optuna.ledger import METADATA as LEDGER_TABLES
-    from sweeper.search.optuna.ledger import engine_for
 
     if not url.startswith("postgresql"):
         raise UserError(f"{safe_url(url)}: database roles need PostgreSQL")
@@ -35,7 +35,7 @@ def secure(url: str, workers: str, submitters: list[str]) -> list[str]:
             raise UserError(f"role '{role}': expected a lower-case PostgreSQL name (letters, digits, _)")
     Queue(url).close()  # the queue's tables
     optuna.storages.RDBStorage(url).engine.dispose()  # Optuna's tables (studies, trials)
-    engine = engine_for(url)
+    engine = shared_engine(url)
     try:
         LEDGER_TABLES.create_all(engine)  # the ledgers' tables
         queue = QUEUE.name

@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 from sweeper.errors import UserError
-from sweeper.search.optuna.engine import racing, riding_out
-from sweeper.search.optuna.ledger import SPENT, engine_for
+from sweeper.search.optuna.engine import racing, riding_out, shared_engine
+from sweeper.search.optuna.ledger import SPENT
 from sweeper.search.optuna.study import safe_url
 
 T = TypeVar("T")
@@ -124,7 +124,7 @@ class Queue:
         self.url = url
         self._has_ledger = False  # sweeper_spent exists (a sweep's ledger made it); once true, stays
         try:
-            self.engine = engine_for(url)
+            self.engine = shared_engine(url)
             racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
             _add_columns(self.engine, url)
         except UserError:

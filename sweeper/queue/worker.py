@@ -344,6 +344,7 @@ def _ended(url: str, spec: SweepSpec) -> bool:
     from optuna.trial import TrialState as OptunaState
 
     from sweeper.search.optuna.proposer import Budget
+    from sweeper.search.optuna.study import make_storage
 
     ledger = Ledger(url, spec.name, grace_s=spec.search.lease_s)
     try:
@@ -354,7 +355,8 @@ def _ended(url: str, spec: SweepSpec) -> bool:
         return False
     from sweeper.spec import validate
 
-    study = optuna.load_study(study_name=spec.name, storage=url)
+    # the process's pool (make_storage): a storage of its own per call held connections until collected
+    study = optuna.load_study(study_name=spec.name, storage=make_storage(url, spec))
     if any(t.state == OptunaState.RUNNING for t in study.get_trials(deepcopy=False)):
         return False
     # the spec as the sweep's first process resolved it (search.sampler: auto chosen, a grid's size)

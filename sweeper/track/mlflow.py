@@ -46,6 +46,10 @@ MLFLOW_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # a SQL store's connections (MLflow's default pool keeps 5, and 10 more at once): one thread
+    # writes (the outbox's sender), the sweep's start and end a few more
+    "MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": "1",
+    "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "2",
 }
 
 

@@ -3,10 +3,12 @@ the engine's settings, and creating tables while other processes race to create 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -21,13 +23,58 @@ CREATE_ATTEMPTS = 5  # processes starting together race to create the tables and
 BACKOFF_S = 0.2  # the pause after the n-th lost race: n times this
 
 
+# A server's connections, per engine (a process has a few: docs/many-machines.md#connections):
+# one kept open between statements, and up to POOL_OVERFLOW more while other threads (a lease's
+# heartbeat, the queue's, trials reporting epochs) run a statement at the same time, closed when
+# returned; a thread past that waits for one (SQLAlchemy's pool_timeout, 30 s). SQLAlchemy's own
+# default (5 kept, 10 more) held 10 connections of one queue worker at once.
+POOL_KEPT = 1
+POOL_OVERFLOW = 3
+
+
 def engine_kwargs(url: str) -> dict[str, Any]:
     """SQLAlchemy's create_engine keywords for ``url``: sqlite waits for a lock (and runs in WAL
-    mode: a commit without a sync to disk); a server's connections are checked before use."""
+    mode: a commit without a sync to disk); a server's connections are checked before use, and
+    few are held (POOL_KEPT, POOL_OVERFLOW)."""
     sqlite.install()
     if url.startswith("sqlite"):
         return {"connect_args": {"timeout": SQLITE_LOCK_TIMEOUT_S}}
-    return {"pool_pre_ping": True}
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_size": POOL_KEPT, "max_overflow": POOL_OVERFLOW}
+    if url.startswith("postgresql"):
+        kwargs["connect_args"] = postgresql_args(url)
+    return kwargs
+
+
+def postgresql_args(url: str) -> dict[str, Any]:
+    """A PostgreSQL connection's arguments: its name in ``pg_stat_activity`` (``sweeper
+    <command> <pid>``, unless the URL or $PGAPPNAME names it), and, for psycopg 3, no statements
+    prepared on the server, which a pooler in transaction mode (pgbouncer before 1.21) cannot
+    keep: a connection may serve another process's transaction next (docs/many-machines.md#connections)."""
+    args: dict[str, Any] = {}
+    if "application_name" not in sa.engine.make_url(url).query and "PGAPPNAME" not in os.environ:
+        args["application_name"] = f"sweeper {_command()} {os.getpid()}"
+    if sa.engine.make_url(url).get_driver_name() == "psycopg":
+        args["prepare_threshold"] = None
+    return args
+
+
+_SHARED: dict[str, sa.Engine] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_engine(url: str) -> sa.Engine:
+    """This process's engine for the database server at ``url``: the ledgers, the queue and
+    Optuna's storage (rdb.on_engine) share its pool, so a process holds POOL_KEPT connections to
+    the sweep's database between statements whatever it has open, POOL_KEPT + POOL_OVERFLOW at
+    most (docs/many-machines.md#connections). It waits for a restarting server
+    (waiting_for_server). Disposing it (a ledger closed) closes the connections it keeps; it
+    opens new ones when next used. sqlite: a new engine each call, as its file is what is shared."""
+    if url.startswith("sqlite"):
+        return sa.create_engine(url, **engine_kwargs(url))
+    with _SHARED_LOCK:
+        if url not in _SHARED:
+            _SHARED[url] = waiting_for_server(sa.create_engine(url, **engine_kwargs(url)))
+        return _SHARED[url]
 
 
 def racing(create: Callable[[], T], lost_race: Callable[[Exception], bool]) -> T:
@@ -174,6 +221,15 @@ def outage(exc: BaseException) -> BaseException | None:
 
 def _server(url: sa.URL) -> str:
     return f"{url.host}:{url.port}"
+
+
+def _command() -> str:
+    """What this process runs: the CLI's command (``worker``), or the module or script's name
+    (``finish``: a queue worker's finishing process)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    if script.name == "__main__.py" and len(sys.argv) > 1 and sys.argv[1].isidentifier():
+        return sys.argv[1]
+    return script.stem
 
 
 def first_line(exc: BaseException) -> str:

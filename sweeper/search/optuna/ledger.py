@@ -31,7 +31,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweeper.search.optuna.engine import engine_kwargs, racing, riding_out, waiting_for_server
+from sweeper.search.optuna.engine import racing, riding_out, shared_engine
 
 _RACE = (IntegrityError, OperationalError, ProgrammingError)  # another process created the table first
 
@@ -127,15 +127,11 @@ class Sweep:
         return None if self.timeout_s is None else self.started_at + self.timeout_s
 
 
-def engine_for(url: str) -> sa.Engine:
-    return waiting_for_server(sa.create_engine(url, **engine_kwargs(url)))
-
-
 class Ledger:
     """The rows of one study (``name``) in the database at ``url``."""
 
     def __init__(self, url: str, name: str, grace_s: float, member: str | None = None) -> None:
-        self.engine, self.name, self.grace_s = engine_for(url), name, grace_s
+        self.engine, self.name, self.grace_s = shared_engine(url), name, grace_s
         self.member = member or this_member()
         # processes starting together race to create the tables
         racing(lambda: METADATA.create_all(self.engine), lambda exc: isinstance(exc, _RACE))
@@ -398,7 +394,7 @@ def studies(url: str, shown: Any = str) -> list[str]:
     from sweeper.errors import UserError
 
     try:
-        engine = engine_for(url)
+        engine = shared_engine(url)
     except Exception as exc:  # not a database URL; a driver missing
         raise UserError(f"--study {shown(url)}: {type(exc).__name__}: {exc}") from None
     try:

@@ -24,6 +24,8 @@ storage, and runs again on each end: constraints/optuna-lowest.txt and -newest.t
   writes them), RDBStorage's ``_set_trial_attr_without_commit``,
   ``_set_trial_value_without_commit`` (it takes the TrialModel since Optuna 4.6, the trial's id
   before: hence the range's floor) and ``_get_stale_trial_ids``;
+- RDBStorage's ``engine`` and ``scoped_session`` attributes (``on_engine``: the storage moved onto
+  the process's shared engine);
 - public storage methods reached through ``_storage`` (get_trial, get_trial_system_attrs,
   set_trial_system_attr, set_trial_user_attr, set_trial_state_values, record_heartbeat): Optuna 5
   removed ``Trial.system_attrs`` and ``Trial.set_system_attr``, and a lost trial of another
@@ -48,6 +50,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import orm
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -140,6 +143,16 @@ def _riding(name: str) -> Any:
         return riding_out(lambda _: base(self, *args, **kwargs), self.engine.url, f"the study's storage ({name})")
 
     return method
+
+
+def on_engine(storage: RDBStorage, engine: sa.Engine) -> None:
+    """``storage``'s statements run on ``engine`` (the process's shared one: engine.shared_engine)
+    instead of on the engine it made, which is disposed: one pool per process and server."""
+    if storage.engine is engine:
+        return
+    own, storage.engine = storage.engine, engine
+    storage.scoped_session = orm.scoped_session(orm.sessionmaker(bind=engine))
+    own.dispose()
 
 
 class RidingStorage(RDBStorage):

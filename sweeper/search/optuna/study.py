@@ -15,7 +15,7 @@ from optuna.trial import TrialState as OptunaState
 from sweeper.errors import UserError
 from sweeper.plan.strategy import last_rung
 from sweeper.search.optuna import rdb
-from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing, riding_out, waiting_for_server
+from sweeper.search.optuna.engine import CREATE_ATTEMPTS, engine_kwargs, racing, riding_out, shared_engine
 from sweeper.spec import SweepSpec
 from sweeper.spec import space as sp
 from sweeper.states import TrialState
@@ -83,7 +83,8 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
                 heartbeat_interval=spec.search.heartbeat_s,
                 grace_period=spec.search.lease_s,
             )
-        waiting_for_server(storage.engine)  # from now on: it waits for a restarting server
+        if storage.engine.url.get_backend_name() != "sqlite":  # the process's pool, which waits for a restarting server
+            rdb.on_engine(storage, shared_engine(url))
         return storage
 
     try:  # "already exists": another process created Optuna's tables just now; a restart of a
