@@ -305,9 +305,10 @@ def test_an_auto_sweep_is_sized_to_its_budget_and_starts_at_the_base_point(tmp_p
     resumed; the resume keeps the sizing the sweep began with."""
     from sweeper.plan.sized_space import MIN_TRIALS
 
-    # hidden 2048 x 2 layers: ~0.8 GFLOP a step, 25x and more the cost of hidden 16 (the base point's:
-    # the spec's 32 is not offered) and far over a tenth of the budget (0.36 s)
-    hidden = {"type": "categorical", "choices": [16, 2048]}
+    # hidden 4096 x 2 layers: ~3 GFLOP a step, 100x and more the cost of hidden 16 (the base point's:
+    # the spec's 32 is not offered): a few device-seconds a trial, where the budget (36 s, which
+    # start-up on a busy machine also spends) fits under MIN_TRIALS of it
+    hidden = {"type": "categorical", "choices": [16, 4096]}
     spec = write_spec(
         tmp_path / "sized.yaml",
         model={"plugin": "mlp", "args": {"depth": 2}},
@@ -316,14 +317,14 @@ def test_an_auto_sweep_is_sized_to_its_budget_and_starts_at_the_base_point(tmp_p
             "sampler": "auto",
             "pruner": "auto",
             "n_trials": 2,
-            "budget": {"device_hours": 0.001},
+            "budget": {"device_hours": 0.01},
             "auto": {"train": False},
             "space": {"model.args.hidden": hidden},
         },
         tracking={"enabled": False},
         export={"formats": []},
     )
-    dropped = "search.space: dropped model.args.hidden=2048: one trial ~"
+    dropped = "search.space: dropped model.args.hidden=4096: one trial ~"
     checked = sweeper("validate", str(spec), "--auto", check=True).stdout
     assert dropped in checked and f"(fewer than {MIN_TRIALS})" in checked, checked
     listed = next(line for line in checked.splitlines() if line.startswith("#   model.args.hidden "))
