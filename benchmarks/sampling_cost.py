@@ -8,7 +8,9 @@ three things the coordinator does with it:
   storage, build the in-memory view of the earlier batches, sample 4 trials with TPE);
 - a trial's start (its shadow; timed for a batch's first trial, where the median pruner builds
   the view the batch's trials share, while the hyperband pruner builds a view for each trial) and
-  one epoch's pruning decision, for each pruner.
+  one epoch's pruning decision, for each pruner;
+- the database work of one propose (issue #56 item 3: flat in the study's size?): the statements
+  it sends and the rows of Optuna's tables it loads (SQLAlchemy's cursor and ORM load events).
 
     python benchmarks/sampling_cost.py [--sizes 100 1000 3000] [--repeat 3]
 
@@ -39,6 +41,7 @@ from sweeper.spec import space as sp  # noqa: E402
 
 EPOCHS = 15
 BATCH_SIZE = 4
+COUNTS = ("propose: statements", "propose: rows loaded")  # database work, not milliseconds
 
 
 def trials(spec, n: int, seed: int = 0) -> list[optuna.trial.FrozenTrial]:
@@ -76,6 +79,34 @@ def timed(fn, repeat: int) -> float:
     return 1000 * statistics.median(seconds)
 
 
+def database_work(storage: optuna.storages.RDBStorage, fn) -> dict[str, float]:
+    """The statements ``fn()`` sends through ``storage``'s engine and the rows of Optuna's tables
+    (trials, their params, values, intermediate values and attrs) it loads."""
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+
+    counts: dict[str, float] = dict.fromkeys(COUNTS, 0.0)
+
+    def statement(*_: object) -> None:
+        counts[COUNTS[0]] += 1
+
+    def row(*_: object) -> None:
+        counts[COUNTS[1]] += 1
+
+    tables = [m for m in vars(models).values() if isinstance(m, type) and issubclass(m, models.BaseModel)]
+    tables = [m for m in tables if m is not models.BaseModel]
+    sa.event.listen(storage.engine, "before_cursor_execute", statement)
+    for table in tables:
+        sa.event.listen(table, "load", row)
+    try:
+        fn()
+    finally:
+        sa.event.remove(storage.engine, "before_cursor_execute", statement)
+        for table in tables:
+            sa.event.remove(table, "load", row)
+    return counts
+
+
 def measure(n: int, repeat: int, folder: Path) -> dict[str, float]:
     def spec_with(pruner: str):
         overrides = [f"train.epochs={EPOCHS}", "search.sampler=tpe", f"search.n_trials={n + 100}"]
@@ -87,6 +118,12 @@ def measure(n: int, repeat: int, folder: Path) -> dict[str, float]:
     study.add_trials(trials(spec, n))
     batch = n  # the batch after the n finished trials
     result = {"propose": timed(lambda: EarlierBatches(spec, study, []).params(batch, BATCH_SIZE), repeat)}
+    # with the process's cache of finished trials warm (Optuna's _CachedStorage: a coordinator's
+    # every propose after its first), and cold (a process's first, which reads them all)
+    result |= database_work(storage, lambda: EarlierBatches(spec, study, []).params(batch, BATCH_SIZE))
+    cold = optuna.load_study(study_name="cost", storage=storage)
+    work = database_work(storage, lambda: EarlierBatches(spec, cold, []).params(batch, BATCH_SIZE))
+    result |= {f"{name}, first in a process": value for name, value in work.items()}
     for pruner in ("median", "hyperband"):
         shadows, decisions = [], []
         for _ in range(repeat):
@@ -106,6 +143,10 @@ def measure(n: int, repeat: int, folder: Path) -> dict[str, float]:
     return result
 
 
+def _counted(column: str) -> bool:
+    return column.startswith(COUNTS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 3000])
@@ -115,10 +156,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = {n: measure(n, args.repeat, Path(tmp)) for n in args.sizes}
     columns = list(next(iter(rows.values())))
-    print("| finished trials | " + " | ".join(f"{c} ms" for c in columns) + " |")
+    print("| finished trials | " + " | ".join(c if _counted(c) else f"{c} ms" for c in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for n, row in rows.items():
-        print(f"| {n} | " + " | ".join(f"{row[c]:.1f}" for c in columns) + " |")
+        print(f"| {n} | " + " | ".join(f"{row[c]:.0f}" if _counted(c) else f"{row[c]:.1f}" for c in columns) + " |")
 
 
 if __name__ == "__main__":
