@@ -1,0 +1,284 @@
+"""Many workers on one PostgreSQL study, by simulation (issue #56 item 1): N worker processes run
+sweeper's real coordination (`sweeper worker`'s runner: resolve, ledger, proposer, batches,
+leases, pruning, the Optuna storage adapter) on one real PostgreSQL database, with the trials
+simulated: each trial replays the per-epoch curve and epoch durations of a trial of a recorded
+real sweep (a `summary.json`: by default `runs/digits/summary.json`, which `./dev demo` writes),
+chosen by the trial's seed, its epochs slept rather than trained, and sweeper's pruner asked after
+each epoch as in a real trial. Time is compressed: the recorded epochs are scaled to
+``--epoch-s`` seconds on average, so that N workers' coordination fits this machine's cores.
+
+The workers are forked from this process after it imported sweeper (torch included, never run
+before the fork), so their memory is shared until written: 64 workers fit 24 GiB where 64 fresh
+processes (311 MB private each) would not. Tracking is off (the MLflow outbox is not simulated).
+
+Each N runs in both modes: reproducible batches, and ``reproducible: false``.
+Reproducible batches hold ``--batch-per-worker`` trials per worker (docs/many-machines.md
+advises a few). For each N and mode it reports:
+
+- start-up: a worker's seconds from its fork to its first trial (resolve and dry build, N at
+  once on these cores: not compressed, so reported apart);
+- utilisation: the workers' seconds inside trials over their seconds held (from the first
+  trial's start to the exit: the waits between trials and the last one count against it);
+- trials a minute (ended trials over the wall clock of the run);
+- coordinator seconds a trial: a worker's seconds held outside trials, per trial it ended;
+- database statements a trial (every statement of every engine of the worker, SQLAlchemy's
+  cursor event);
+- decision latency p50/p99 (the pruning decision after an epoch: storage write and pruner);
+- connections: the most held at once (pg_stat_activity), and lock waits seen (pg_locks not
+  granted), sampled every 0.25 s.
+
+    python benchmarks/scale.py --workers 1 8 32 64 --seconds 120
+    python benchmarks/scale.py --workers 8 --seconds 60 --modes reproducible
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+import yaml
+from machine import describe
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = sa.engine.make_url(os.environ.get("SWEEPER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432"))
+SAMPLE_S = 0.25  # between two reads of pg_stat_activity and pg_locks
+MODES = {"reproducible": True, "free": False}  # search.reproducible
+# search.timeout counts from the sweep's start: the workers' start-ups (resolve and dry build, on
+# these few cores at once) get this much each on top of --seconds
+STARTUP_S = 1.0
+
+
+def admin() -> psycopg.Connection:
+    return psycopg.connect(
+        host=SERVER.host, port=SERVER.port, user=SERVER.username, password=SERVER.password,
+        dbname="postgres", autocommit=True,
+    )  # fmt: skip
+
+
+def recorded(path: Path, epoch_s: float) -> list[list[dict[str, float]]]:
+    """The complete trials' histories of a recorded sweep, their epoch seconds scaled so that
+    their mean is ``epoch_s`` (the pruned ones stop where their pruner stopped them: their curves
+    do not go on)."""
+    trials = [t["history"] for t in json.loads(path.read_text())["trials"] if t["state"] == "complete"]
+    if not trials:
+        raise SystemExit(f"{path}: no complete trial to replay")
+    mean = statistics.mean(h["epoch_seconds"] for history in trials for h in history)
+    return [[{**h, "epoch_seconds": h["epoch_seconds"] * epoch_s / mean} for h in history] for history in trials]
+
+
+class Stats:
+    """What one simulated worker measures of itself."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.first_trial: float | None = None  # time.monotonic() when its first trial started
+        self.busy_s = 0.0  # inside simulated trials
+        self.trials = 0
+        self.statements = 0
+        self.decisions: list[float] = []  # seconds each pruning decision took
+
+    def dump(self, path: Path) -> None:
+        now = time.monotonic()
+        first = self.first_trial if self.first_trial is not None else now
+        record = {
+            "start_s": first - self.started,
+            "held_s": now - first,
+            "busy_s": self.busy_s,
+            "trials": self.trials,
+            "statements": self.statements,
+            "decisions": self.decisions,
+        }
+        path.write_text(json.dumps(record))
+
+
+def simulate(curves: list[list[dict[str, float]]], stats: Stats):
+    """An ``execute`` (sweeper.trial.execute's signature) that replays a recorded trial per config."""
+    from sweeper.states import TrialState
+    from sweeper.trial.outcome import Outcome
+
+    def execute(configs, decide, worker_index=0, cache=None, ranks=None):
+        outcomes = []
+        for config in configs:
+            started = time.monotonic()
+            if stats.first_trial is None:
+                stats.first_trial = started
+            curve = random.Random(config.seed).choice(curves)
+            out = Outcome(config.number, TrialState.COMPLETE)
+            for epoch, metrics in enumerate(curve[: config.spec.train.epochs], start=1):
+                time.sleep(metrics["epoch_seconds"])
+                out.history.append(dict(metrics))
+                asked = time.monotonic()
+                stop = decide(config.number, epoch, dict(metrics))
+                stats.decisions.append(time.monotonic() - asked)
+                if stop:
+                    out.state, out.reason = TrialState.PRUNED, f"pruned at epoch {epoch}"
+                    break
+            seconds = time.monotonic() - started
+            out.info = {"device": "cpu", "threads": 1, "seconds": seconds, "device_seconds": seconds}
+            stats.busy_s += seconds
+            stats.trials += 1
+            outcomes.append(out)
+        return outcomes
+
+    return execute
+
+
+def worker(spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_path: Path) -> None:
+    """A forked child: `sweeper worker`'s runner with simulated trials; never returns."""
+    code = 1
+    try:
+        from sweeper.search import pool, runner
+        from sweeper.search.state import Role
+        from sweeper.track.progress import QuietObserver
+
+        stats = Stats()
+
+        def counted(*_: object) -> None:
+            stats.statements += 1
+
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", counted)
+        pool.execute = simulate(curves, stats)
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the workers' warnings, N times over: not shown
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        runner.run_sweep(spec, out, QuietObserver(), role=Role.WORKER)
+        stats.dump(stats_path)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def run_one(n: int, reproducible: bool, args: argparse.Namespace, curves, work: Path) -> dict[str, Any]:
+    from sweeper.spec import validate
+
+    database = f"sweeper_scale_{uuid.uuid4().hex[:8]}"
+    with admin() as db:
+        db.execute(f'CREATE DATABASE "{database}"')
+    url = SERVER.set(database=database).render_as_string(hide_password=False)
+    tree = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
+    tree["name"] = f"scale{n}"
+    tree["search"].update(
+        storage=url, reproducible=reproducible, n_trials=100_000, timeout=args.seconds + n * STARTUP_S, parallel=1,
+        sampler="tpe", batch_size=max(4, args.batch_per_worker * n),
+    )  # fmt: skip
+    tree["tracking"] = {"enabled": False}
+    tree["export"] = {"formats": []}
+    spec = validate(tree, "scale")
+    folder = work / f"n{n}-{'rep' if reproducible else 'free'}"
+    folder.mkdir()
+    started = time.monotonic()
+    children = {}
+    for i in range(n):
+        stats_path = folder / f"w{i}.json"
+        pid = os.fork()
+        if pid == 0:
+            worker(spec, folder / f"w{i}", curves, stats_path)
+        children[pid] = stats_path
+    peak_connections, lock_waits, samples = 0, 0, 0
+    with admin() as db:
+        while children:
+            row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+            waits = db.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
+            peak_connections = max(peak_connections, row[0] if row else 0)
+            lock_waits += waits[0] if waits else 0
+            samples += 1
+            while children:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.pop(pid, None)
+            time.sleep(SAMPLE_S)
+        db.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    wall = time.monotonic() - started
+    stats = [json.loads(p.read_text()) for p in sorted(folder.glob("w*.json"))]
+    trials = sum(s["trials"] for s in stats)
+    decisions = sorted(d for s in stats for d in s["decisions"])
+    return {
+        "workers": n,
+        "mode": "reproducible" if reproducible else "free",
+        "batch_size": spec.search.batch_size,
+        "workers_ok": len(stats),
+        "wall_s": wall,
+        "trials": trials,
+        "start_s_median": statistics.median(s["start_s"] for s in stats) if stats else None,
+        "utilisation": sum(s["busy_s"] for s in stats) / max(1e-9, sum(s["held_s"] for s in stats)),
+        "trials_per_min": 60 * trials / wall,
+        "coordinator_s_per_trial": sum(s["held_s"] - s["busy_s"] for s in stats) / max(1, trials),
+        "statements_per_trial": sum(s["statements"] for s in stats) / max(1, trials),
+        "decision_p50_ms": 1000 * decisions[len(decisions) // 2] if decisions else None,
+        "decision_p99_ms": 1000 * decisions[int(len(decisions) * 0.99)] if decisions else None,
+        "peak_connections": peak_connections,
+        "lock_waits_per_sample": lock_waits / max(1, samples),
+    }
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Utilisation against the number of workers, a line per mode (matplotlib, which MLflow brings)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    for mode in MODES:
+        points = [(r["workers"], 100 * r["utilisation"]) for r in rows if r["mode"] == mode]
+        if points:
+            axes.plot(*zip(*points), marker="o", label=mode)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("workers on one PostgreSQL study")
+    axes.set_ylabel("utilisation (%)")
+    axes.set_ylim(0, 100)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--seconds", type=float, default=120.0, help="search.timeout of each run")
+    parser.add_argument("--batch-per-worker", type=int, default=2, help="reproducible batches: trials per worker")
+    parser.add_argument("--epoch-s", type=float, default=1.0, help="the replayed epochs' mean seconds")
+    parser.add_argument("--recorded", type=Path, default=ROOT / "runs" / "digits" / "summary.json")
+    parser.add_argument("--results", type=Path, help="write the rows as JSON here too")
+    parser.add_argument("--plot", type=Path, help="write a PNG of utilisation against N here (matplotlib)")
+    args = parser.parse_args()
+    curves = recorded(args.recorded, args.epoch_s)
+    import sweeper.search.pool  # noqa: F401 (imported before the forks: shared by the workers)
+    import sweeper.search.runner  # noqa: F401
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.workers:
+            for mode in args.modes:
+                rows.append(run_one(n, MODES[mode], args, curves, Path(tmp)))
+                print(json.dumps(rows[-1]), flush=True)
+    print(describe())
+    print(f"search.timeout {args.seconds:.0f} s a run, epochs of {args.epoch_s} s on average, {args.recorded}")
+    columns = [c for c in rows[0] if c not in ("workers", "mode")]
+    print("| workers | mode | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+        print(f"| {row['workers']} | {row['mode']} | " + " | ".join(cells) + " |")
+    if args.plot:
+        plot(rows, args.plot)
+    if args.results:
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.results.write_text(json.dumps({"machine": describe(), "args": settings, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
