@@ -147,12 +147,13 @@ def _riding(name: str) -> Any:
 
 def on_engine(storage: RDBStorage, engine: sa.Engine) -> None:
     """``storage``'s statements run on ``engine`` (the process's shared one: engine.shared_engine)
-    instead of on the engine it made, which is disposed: one pool per process and server."""
+    instead of on the engine it made, which is disposed (its pool closed unless it is
+    ``engine``'s): one pool per process and server."""
     if storage.engine is engine:
         return
     own, storage.engine = storage.engine, engine
     storage.scoped_session = orm.scoped_session(orm.sessionmaker(bind=engine))
-    own.dispose()
+    own.dispose(close=own.pool is not engine.pool)  # a pool they share stays open
 
 
 class RidingStorage(RDBStorage):

@@ -75,15 +75,19 @@ def make_storage(url: str, spec: SweepSpec) -> optuna.storages.RDBStorage:
     inside study.optimize."""
 
     def create() -> optuna.storages.RDBStorage:
+        server = not url.startswith("sqlite")
+        # a server's storage opens on the process's pool from its first statement (its table
+        # checks take 2 connections at once): an engine of its own would hold more, for a moment
+        kwargs = {"pool": shared_engine(url).pool} if server else engine_kwargs(url)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             storage = rdb.RidingStorage(
                 url,
-                engine_kwargs=engine_kwargs(url),
+                engine_kwargs=kwargs,
                 heartbeat_interval=spec.search.heartbeat_s,
                 grace_period=spec.search.lease_s,
             )
-        if storage.engine.url.get_backend_name() != "sqlite":  # the process's pool, which waits for a restarting server
+        if server:  # the process's engine, which waits for a restarting server
             rdb.on_engine(storage, shared_engine(url))
         return storage
 
