@@ -13,7 +13,8 @@ processes (311 MB private each) would not. Tracking is off (the MLflow outbox is
 
 Each N runs in both modes: reproducible batches, and ``reproducible: false``.
 Reproducible batches hold ``--batch-per-worker`` trials per worker (docs/many-machines.md
-advises a few). For each N and mode it reports:
+advises a few), and run once for each ``--staleness`` (search.staleness: batches proposed
+before the earlier ones end). For each N and mode it reports:
 
 - start-up: a worker's seconds from its fork to its first trial (resolve and dry build, N at
   once on these cores: not compressed, so reported apart);
@@ -29,6 +30,7 @@ advises a few). For each N and mode it reports:
 
     python benchmarks/scale.py --workers 1 8 32 64 --seconds 120
     python benchmarks/scale.py --workers 8 --seconds 60 --modes reproducible
+    python benchmarks/scale.py --workers 8 32 --seconds 60 --modes reproducible --staleness 0 1 2
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def worker(spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_pat
         os._exit(code)
 
 
-def run_one(n: int, reproducible: bool, args: argparse.Namespace, curves, work: Path) -> dict[str, Any]:
+def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace, curves, work: Path) -> dict[str, Any]:
     from sweeper.spec import validate
 
     database = f"sweeper_scale_{uuid.uuid4().hex[:8]}"
@@ -169,12 +171,13 @@ def run_one(n: int, reproducible: bool, args: argparse.Namespace, curves, work: 
     tree["name"] = f"scale{n}"
     tree["search"].update(
         storage=url, reproducible=reproducible, n_trials=100_000, timeout=args.seconds + n * STARTUP_S, parallel=1,
-        sampler="tpe", batch_size=max(4, args.batch_per_worker * n),
+        sampler="tpe", batch_size=max(4, args.batch_per_worker * n), staleness=staleness,
     )  # fmt: skip
     tree["tracking"] = {"enabled": False}
     tree["export"] = {"formats": []}
     spec = validate(tree, "scale")
-    folder = work / f"n{n}-{'rep' if reproducible else 'free'}"
+    mode = label(reproducible, staleness)
+    folder = work / f"n{n}-{mode.replace(' ', '')}"
     folder.mkdir()
     started = time.monotonic()
     children = {}
@@ -205,8 +208,9 @@ def run_one(n: int, reproducible: bool, args: argparse.Namespace, curves, work: 
     decisions = sorted(d for s in stats for d in s["decisions"])
     return {
         "workers": n,
-        "mode": "reproducible" if reproducible else "free",
+        "mode": mode,
         "batch_size": spec.search.batch_size,
+        "staleness": spec.search.staleness,
         "workers_ok": len(stats),
         "wall_s": wall,
         "trials": trials,
@@ -222,6 +226,13 @@ def run_one(n: int, reproducible: bool, args: argparse.Namespace, curves, work: 
     }
 
 
+def label(reproducible: bool, staleness: int) -> str:
+    """A run's mode as the tables name it."""
+    if not reproducible:
+        return "free"
+    return "reproducible" if staleness == 0 else f"reproducible, staleness {staleness}"
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Utilisation against the number of workers, a line per mode (matplotlib, which MLflow brings)."""
     import matplotlib
@@ -230,7 +241,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     from matplotlib import pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
-    for mode in MODES:
+    for mode in dict.fromkeys(r["mode"] for r in rows):
         points = [(r["workers"], 100 * r["utilisation"]) for r in rows if r["mode"] == mode]
         if points:
             axes.plot(*zip(*points), marker="o", label=mode)
@@ -250,6 +261,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--seconds", type=float, default=120.0, help="search.timeout of each run")
     parser.add_argument("--batch-per-worker", type=int, default=2, help="reproducible batches: trials per worker")
+    parser.add_argument(
+        "--staleness", type=int, nargs="+", default=[0], help="reproducible: search.staleness, a run for each"
+    )
     parser.add_argument("--epoch-s", type=float, default=1.0, help="the replayed epochs' mean seconds")
     parser.add_argument("--recorded", type=Path, default=ROOT / "runs" / "digits" / "summary.json")
     parser.add_argument("--results", type=Path, help="write the rows as JSON here too")
@@ -263,8 +277,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:
             for mode in args.modes:
-                rows.append(run_one(n, MODES[mode], args, curves, Path(tmp)))
-                print(json.dumps(rows[-1]), flush=True)
+                for staleness in args.staleness if MODES[mode] else [0]:
+                    rows.append(run_one(n, MODES[mode], staleness, args, curves, Path(tmp)))
+                    print(json.dumps(rows[-1]), flush=True)
     print(describe())
     print(f"search.timeout {args.seconds:.0f} s a run, epochs of {args.epoch_s} s on average, {args.recorded}")
     columns = [c for c in rows[0] if c not in ("workers", "mode")]

@@ -159,6 +159,30 @@ def test_a_trial_is_pruned_against_earlier_batches_only(tmp_path: Path):
     assert [r.state for r in eager.records()] == ["complete"] * 2 + ["pruned"] * 3
 
 
+def test_with_staleness_a_batch_starts_before_the_last_one_ends_and_the_table_keeps(tmp_path: Path):
+    """Issue #56 item 2: search.staleness 1: batch 4 is proposed while batch 0 runs (it knows no
+    result), batch 8 only once batch 0 has ended (it knows batch 0's, not batch 4's); the table is
+    one whatever the slots and the finishing order."""
+    lrs = (1e-2, 1e-2, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-4)  # two good trials, then bad ones
+    stale = ("search.batch_size=4", "search.staleness=1")
+    one, _ = sweep(tmp_path / "one", *stale, budget=9, enqueue=lrs)
+    # trials 4-7 know nothing (none pruned); trial 8 knows batch 0's two good trials: pruned
+    assert [r.state for r in one.records()] == ["complete"] * 8 + ["pruned"]
+    for slots, reverse in ((8, False), (8, True), (3, True)):
+        other, _ = sweep(tmp_path / f"{slots}{reverse}", *stale, budget=9, enqueue=lrs, slots=slots, reverse=reverse)
+        assert table(other) == table(one), (slots, reverse)
+    # with 8 slots: batches 0 and 4 start together; 8 waits for batch 0 (this executor ends
+    # every running trial before the next start: that 8 need not wait for batch 4 is the process test's)
+    _, events = sweep(tmp_path / "order", *stale, budget=12, slots=8)
+    assert events.tasks[:8] == [[n] for n in range(8)]
+    seen = events.seen
+    assert seen.index(("start", 4)) < seen.index(("end", 0))
+    assert seen.index(("start", 8)) > max(seen.index(("end", n)) for n in range(4))
+    # without staleness, batch 4 waits for batch 0
+    _, events = sweep(tmp_path / "barrier", "search.batch_size=4", budget=8, slots=8)
+    assert events.seen.index(("start", 4)) > max(events.seen.index(("end", n)) for n in range(4))
+
+
 def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_each(tmp_path: Path, monkeypatch):
     builds: list[tuple[int, bool]] = []
     build = EarlierBatches.view

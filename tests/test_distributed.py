@@ -90,7 +90,12 @@ def _smoke_search() -> dict:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The gated sweep, 8 trials, run by one process on sqlite with its gate open from the start:
     the table that every many-process run below must reproduce (its first 4 trials are batch 1)."""
-    root = tmp_path_factory.mktemp("reference")
+    return one_process(tmp_path_factory.mktemp("reference"), n_trials=8)
+
+
+def one_process(root: Path, **search: object) -> dict:
+    """The gated sweep with ``search``'s settings run by one process on sqlite, its gate open from
+    the start: its summary."""
     source = (Path(__file__).parent / "plugins" / "sweeper_test_gate.py").read_text()
     make_dist(
         root / "site",
@@ -101,7 +106,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )
     (root / "gate").mkdir()
     (root / "gate" / "release").touch()
-    spec = gated(root, root / "gate", None, n_trials=8)
+    spec = gated(root, root / "gate", None, **search)
     subprocess.run(
         [sys.executable, "-m", "sweeper", "run", str(spec), "--out", "out", "-q"],
         cwd=root,
@@ -185,6 +190,30 @@ def test_a_killed_workers_trial_is_retried_when_its_lease_runs_out(
     attempt = client.get_run(lost["mlflow_run_id"])
     assert attempt.info.status == "FAILED" and attempt.data.tags["sweeper.state"] == "interrupted"
     assert client.get_run(retry["mlflow_run_id"]).data.tags["sweeper.retry_of"] == "0"
+
+
+def test_with_staleness_a_worker_trains_past_a_held_trial_and_a_kill_keeps_the_table(
+    workdir: Path, gate: Path, pg_url: str, tmp_path_factory: pytest.TempPathFactory
+):
+    """Issue #56 item 2: search.staleness 1, batches of 4. Worker a holds trial 0 at its gate;
+    worker b trains the rest of batch 0 and all of batch 4 (proposed knowing no result) instead of
+    idling, and waits only for batch 8, which must know batch 0's results. Worker a is then killed:
+    its trial is retried, and the table is the one process's with the same settings."""
+    stale = {"n_trials": 12, "batch_size": 4, "staleness": 1}
+    spec = gated(workdir, gate, None, storage=pg_url, **stale)
+    a = start(workdir, "worker", str(spec), "--out", "a", "-q", env={"SWEEPER_HOST": "machine-a"}, log="a")
+    wait_for(lambda: (gate / "blocked").exists(), a, what="worker a holding trial 0 at its gate")
+    b = start(workdir, "worker", str(spec), "--out", "b", "-q", log="b")
+    wait_for(lambda: count(pg_url, "COMPLETE", "PRUNED") == 7, b, what="worker b finishing trials 1-7")
+    assert len(trials(pg_url)) == 8  # batch 8 is not proposed while trial 0 runs
+    os.kill(a.pid, signal.SIGKILL)  # another machine lost mid-trial: only its lease tells
+    a.wait()
+    sweeper("run", str(spec), "search.heartbeat_s=1", "search.lease_s=3", "--out", "r", "-q", check=True)
+    finish(b, workdir, "b")
+    summary = json.loads((workdir / "r" / "summary.json").read_text())
+    assert summary["trials"][0]["state"] == "failed" and "machine-a" in summary["trials"][0]["reason"]
+    assert len(summary["trials"]) == 13 and {t["state"] for t in summary["trials"][1:]} <= {"complete", "pruned"}
+    assert table(summary) == table(one_process(tmp_path_factory.mktemp("stale-reference"), **stale))
 
 
 def test_the_first_process_killed_the_worker_goes_on_and_a_restart_joins(

@@ -42,11 +42,12 @@ def chosen(spec: Any, facts: st.Facts = CPU) -> dict[str, str]:
 
 def test_small_budget_samples_at_random_without_a_pruner() -> None:
     got = chosen(spec_of({"n_trials": 8, "space": {"optimizer.args.lr": LR}}, {"epochs": 2}))
-    assert got["search.sampler"].startswith("random | at most 7 trials finish before the last batch of 1")
+    assert got["search.sampler"].startswith("random | at most 7 trials finish before the last 1 are proposed")
     assert got["search.pruner"].startswith("none | train.epochs 2 < 3")
     assert got["search.batch_size"].startswith("1 | = search.parallel (1)")
     assert got["search.fuse"].startswith("off | 8 trials < 64")
     assert got["search.lr_finder.enabled"].startswith("false | 1 range test(s) cost about 0.5 trials")
+    assert got["search.staleness"].startswith("0 | one worker")
     resolved = got["spec"].search  # type: ignore[attr-defined]
     assert (resolved.sampler, resolved.pruner.type, resolved.batch_size, resolved.fuse) == ("random", "none", 1, "off")
 
@@ -54,7 +55,9 @@ def test_small_budget_samples_at_random_without_a_pruner() -> None:
 def test_large_budget_models_and_prunes() -> None:
     space = {"optimizer.args.lr": LR, "model.args.hidden": {"type": "categorical", "choices": [16, 32, 64]}}
     got = chosen(spec_of({"n_trials": 60, "parallel": 2, "space": space}, {"epochs": 10}))
-    assert got["search.sampler"].startswith("tpe | 60 trials in batches of 2")
+    # two workers: batches of 2, each proposed while the one before runs: 4 without each other's results
+    assert got["search.sampler"].startswith("tpe | 60 trials, 4 at a time without each other's results")
+    assert got["search.staleness"].startswith("1 | 2 workers: a batch is proposed while the one before it")
     assert got["search.pruner"].startswith("hyperband (min_epochs 1, reduction_factor 3) | ")
     assert "rungs at epochs 1, 3 of 10 (none past 6: a later cut saves under 1/3 of a trial)" in got["search.pruner"]
     # 3 architectures: about 16 trials of each per task, 4 batches of them: 384 trials, not 60

@@ -97,6 +97,8 @@ BASE_FIRST_REASON = (
     "the first trial is the base point (the spec's values, else the plugins' defaults, else the "
     "ranges' centres): a known reasonable trial before the sampler's random start"
 )
+# search.staleness with several workers: benchmarks/scale.py's simulated workers, busy with and without it
+STALENESS_MEASURED = "docs/many-machines.md#reproducible-and-busy"
 # The benchmark against the peers a user would pick instead (benchmarks/search_quality.py: SMAC3,
 # DEHB, Optuna TPE + Hyperband and Ray ASHA, each scored on held-out test data at equal device
 # time): where it measured the rule that chose a setting, `validate` cites this section, which holds
@@ -167,7 +169,11 @@ def choose(spec: SweepSpec, machine: Facts) -> Strategy:
             fused = members if "fuse" not in written else search.fuse if isinstance(search.fuse, int) else 1
             out["batch_size"], reason = _batch_size(search.parallel, fused, n)
             choices.append(Choice("search.batch_size", str(out["batch_size"]), reason))
-    batch = out["batch_size"] if batched else search.parallel  # trials in flight without each other's results
+        if "staleness" not in written:
+            out["staleness"], reason = _staleness(search.parallel)
+            choices.append(Choice("search.staleness", str(out["staleness"]), reason))
+    # trials in flight without each other's results: a batch, and the search.staleness batches before it
+    batch = out["batch_size"] * (out["staleness"] + 1) if batched else search.parallel
     if search.sampler == "auto":
         out["sampler"], reason = _sampler(spec, n, batch)
         measured = AGAINST_PEERS if out["sampler"] == "tpe" else None
@@ -267,6 +273,15 @@ def _batch_size(parallel: int, members: int, n: int | None) -> tuple[int, str]:
     return size, why
 
 
+def _staleness(parallel: int) -> tuple[int, str]:
+    if parallel == 1:
+        return 0, "one worker trains one trial at a time: each batch knows every earlier result at no wait"
+    return 1, (
+        f"{parallel} workers: a batch is proposed while the one before it still runs, so a worker waits "
+        f"only for a batch two back (without: for the slowest trial of its batch; {STALENESS_MEASURED})"
+    )
+
+
 def _sampler(spec: SweepSpec, n: int | None, batch: int) -> tuple[str, str]:
     search = spec.search
     space = search.space
@@ -279,14 +294,14 @@ def _sampler(spec: SweepSpec, n: int | None, batch: int) -> tuple[str, str]:
         return "grid", f"the space has {grid} points, n_trials {n}: each point once, none drawn twice"
     if n is not None and n - batch < TPE_STARTUP:
         return "random", (
-            f"at most {max(0, n - batch)} trials finish before the last batch of {batch} is proposed; TPE "
+            f"at most {max(0, n - batch)} trials finish before the last {batch} are proposed; TPE "
             f"samples at random until {TPE_STARTUP} have (its n_startup_trials)"
         )
     several = f"; {len(spec.goals)} objectives (TPE models each)" if len(spec.goals) > 1 else ""
     return "tpe", (
-        f"{'no trial cap' if n is None else f'{n} trials'} in batches of {batch}: TPE models the results "
-        f"after its {TPE_STARTUP} random startup trials; with limited parallelism it is the method Optuna "
-        f"recommends (Ozaki et al. 2020), categorical and conditional parameters included{several}"
+        f"{'no trial cap' if n is None else f'{n} trials'}, {batch} at a time without each other's results: "
+        f"TPE models the results after its {TPE_STARTUP} random startup trials; with limited parallelism it is "
+        f"the method Optuna recommends (Ozaki et al. 2020), categorical and conditional parameters included{several}"
     )
 
 
@@ -426,10 +441,11 @@ def notes(spec: SweepSpec, machine: Facts) -> list[str]:
                 f"search.pruner.startup_trials {search.pruner.startup_trials} >= the {n} trials: the median "
                 f"pruner never has enough finished trials to prune"
             )
-    if search.sampler == "tpe" and n is not None and batched and n - search.batch_size < TPE_STARTUP:
+    unknown = search.batch_size * (search.staleness + 1)  # trials proposed without each other's results
+    if search.sampler == "tpe" and n is not None and batched and n - unknown < TPE_STARTUP:
         out.append(
             f"search.sampler tpe samples at random until {TPE_STARTUP} trials have finished; with {n} "
-            f"trials in batches of {search.batch_size} it never models: use random (or sampler: auto)"
+            f"trials, {unknown} at a time without each other's results, it never models: use random (or sampler: auto)"
         )
     if search.sampler == "grid" and search.n_trials is not None and n is not None and n < search.n_trials:
         out.append(f"search.n_trials {search.n_trials}: the grid has {n} points, so {n} trials run")

@@ -115,6 +115,7 @@ OPTUNA_ONLY = {
     "parallel": "search.ray.max_concurrent_trials and search.resources",
     "reproducible": "nothing: Ray Tune schedules by completion order",
     "batch_size": "nothing: Ray Tune asks one trial at a time",
+    "staleness": "nothing: Ray Tune asks one trial at a time",
     "storage": "search.ray.storage_path",
     "lr_finder": "a separate `sweeper lr-find` run, then narrow optimizer.args.lr",
     "max_retries": "search.ray.max_failures (Tune restarts a failed trial from its checkpoint)",
@@ -234,6 +235,13 @@ class SearchSpec(Strict):
     # earlier batches only, so the trial table does not depend on `parallel` or timing.
     reproducible: bool = True
     batch_size: int = Field(default=4, ge=1, le=MAX_FUSED, description="trials proposed together (reproducible mode)")
+    # Bounded staleness (reproducible mode): a batch is proposed, and its trials pruned, knowing the
+    # results of every batch but its own and the `staleness` batches before it, so it can start
+    # while those run; a worker waits only while a batch older than that still runs. 0: each batch
+    # waits for every earlier one (docs/many-machines.md#reproducible-and-busy).
+    staleness: int = Field(
+        default=0, ge=0, le=MAX_TRIALS, description="batches proposed before the earlier ones end (reproducible mode)"
+    )
     # Fused trials (trial/fused.py): the trials of a proposed batch that share an architecture train
     # as one model in one process. N: up to N per fused model; off: never; auto: on CUDA only, the
     # batch split evenly over the workers (on a CPU, groups that small ran no faster than solo beyond
@@ -367,10 +375,10 @@ class SearchSpec(Strict):
                     f"{', '.join(PROMOTING)} (got {self.pruner.type}): it is decided between batches, "
                     f"on the pruner's own cuts"
                 )
-        if self.reproducible and self.parallel > self.batch_size:
+        if self.reproducible and self.parallel > self.batch_size * (self.staleness + 1):
             raise ValueError(
-                f"parallel ({self.parallel}) > batch_size ({self.batch_size}): workers would "
-                f"idle; raise search.batch_size, or set search.reproducible: false"
+                f"parallel ({self.parallel}) > batch_size ({self.batch_size}) x (staleness ({self.staleness}) + 1): "
+                f"workers would idle; raise search.batch_size or search.staleness, or set search.reproducible: false"
             )
         if self.sampler == "grid":
             for path, param in self.space.items():

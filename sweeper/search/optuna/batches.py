@@ -1,8 +1,9 @@
 """Reproducible mode's views of the earlier batches: in-memory studies holding the finished
-trials of the batches before batch b (named by its first slot), from which batch b's trials are
-sampled (by a sampler seeded from the sweep's "sampler" stream at b) and against which its trials
-are pruned (each trial's "shadow"). Whichever process computes them, they are functions of the
-seed and of the earlier batches' results only, never of timing.
+trials of the batches before batch b (named by its first slot; with search.staleness S, the
+batches before b less the last S: ``known``), from which batch b's trials are sampled (by a
+sampler seeded from the sweep's "sampler" stream at b) and against which its trials are pruned
+(each trial's "shadow"). Whichever process computes them, they are functions of the seed and of
+those batches' results only, never of timing.
 
 After the family round (``search.family_round``: the sweep's first slots), a batch samples from
 the space with ``model.plugin`` narrowed to the round's survivors, and its views hold the trials
@@ -70,6 +71,19 @@ class EarlierBatches:
         # None: every epoch, fewer than check_rungs trials complete)
         self.checked: tuple[int, dict[int, float] | None] = (-1, None)
 
+    def known(self, batch: int) -> int:
+        """The first slot whose result the decisions of the batch starting at slot ``batch`` (its
+        sampling, pruning, promotions and rung checks) do not know: the batch's own, less
+        search.staleness batches before it, whose trials may still run when it is proposed
+        (bounded staleness). A batch after the family round knows the whole round: its survivors."""
+        search = self.spec.search
+        bound = batch - search.staleness * search.batch_size
+        round_ = search.family_round
+        if round_ is not None and not round_.holds(batch):
+            whole = -(-len(round_.families) // search.batch_size) * search.batch_size  # the round's batches
+            bound = max(bound, min(whole, batch))
+        return max(bound, 0)
+
     def space(self, batch: int) -> dict[str, sp.Param]:
         """The space the batch starting at slot ``batch`` samples from: after the family round
         (every slot of the round before ``batch``), ``model.plugin`` among the round's survivors."""
@@ -135,7 +149,12 @@ class EarlierBatches:
         1/reduction_factor of every trial's there (at least the best one; Hyperband's brackets
         are pooled). The latest epoch first, then the better value, then the earlier slot."""
         trials = self.finished_before(batch)
-        taken = {t.user_attrs.get(PROMOTED_FROM) for t in trials}
+        # every earlier batch's promotions, those of the batches it does not know included (proposed already)
+        taken = {
+            t.user_attrs.get(PROMOTED_FROM)
+            for t in self.study.get_trials(deepcopy=False)
+            if t.user_attrs.get(BATCH, batch) < batch
+        }
         paused = [
             t
             for t in trials
@@ -202,12 +221,14 @@ class EarlierBatches:
         return {e: rho for e, rho in correlations.items() if not rho >= CHECKED_RHO}
 
     def finished_before(self, batch: int) -> list[FrozenTrial]:
-        """The finished trials of batches before ``batch`` (lost attempts aside), by slot."""
+        """The finished trials the batch starting at slot ``batch`` knows (``known``; lost attempts
+        aside), by slot."""
         if self.snapshot[0] != batch:
+            bound = self.known(batch)
             done = [
                 t
                 for t in self.study.get_trials(deepcopy=True, states=FINISHED)
-                if not interrupted(t) and t.user_attrs.get(BATCH, -1) < batch
+                if not interrupted(t) and t.user_attrs.get(BATCH, -1) < bound
             ]
             space = self.space(batch)
             fitted = [f for f in (self._fitted(t, space) for t in done) if f is not None]

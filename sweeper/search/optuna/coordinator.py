@@ -7,9 +7,10 @@ ledger (ledger.py), so it is spent exactly once whatever the number of processes
 
 Reproducible mode (default): trials are proposed in batches of ``search.batch_size``. Batch b
 (named by its first slot) is proposed, once, by whichever process first claims it in the
-ledger, from the results of the trials of earlier batches only, by a sampler seeded from the
-sweep's "sampler" stream at b; each trial is pruned against those same trials (a "shadow"
-in-memory study). A batch is proposed only when every trial of the earlier ones has finished.
+ledger, from the results of the trials of earlier batches only (with ``search.staleness`` S,
+of the batches before b less the last S), by a sampler seeded from the sweep's "sampler" stream
+at b; each trial is pruned against those same trials (a "shadow" in-memory study). A batch is
+proposed only when every trial of the batches it knows has finished.
 The sampler's input and every pruning decision are then functions of the seed and of results,
 never of timing, so any number of processes and workers gives the same trial table.
 ``reproducible: false`` asks a new trial whenever a worker is free and prunes against

@@ -1,6 +1,7 @@
 """What a process trains next: the budget left, the WAITING trials it claims (one, or with
 fusing the waiting trials of one chunk of a batch), and, when none waits, new trials proposed:
-a batch (reproducible mode, once every trial of the earlier batches has finished) or one trial
+a batch (reproducible mode, once every trial of the batches it knows has finished: all
+earlier ones but the last search.staleness) or one trial
 (``reproducible: false``). Budget, batches and slots are claimed in the ledger, so each is spent
 exactly once whatever the number of processes."""
 
@@ -146,8 +147,9 @@ class Proposer:
             if not self.ledger.claim_slot(sweep):
                 return AGAIN  # another process claimed that slot: look again
             return self._new_trial(sweep.proposed)
-        if self.study.get_trials(deepcopy=False, states=UNFINISHED):
-            return NOTHING  # the current batch is not finished: the next one must see its results
+        known = self.batches.known(sweep.proposed)
+        if any(t.user_attrs.get(BATCH, -1) < known for t in self.study.get_trials(deepcopy=False, states=UNFINISHED)):
+            return NOTHING  # a batch the next one must see the results of is not finished
         size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
         if not self.ledger.claim_batch(sweep, size):
             return AGAIN
