@@ -486,9 +486,31 @@ def goals(curves: dict[str, list[list | None]], budget_s: float, maximize: bool)
     ref = strongest({n: v for n, v in finals.items() if n in PEERS}, maximize)
     if ref is not None:
         lines.append("goal 2 " + reached("auto", ref, "--auto"))
+        lines.append(floor(curves, ref, finals[ref], budget_s, maximize))
     if "warm" in finals:
         lines.append("goal 3 " + reached("warm", "auto", "warm").replace("auto's final", "--auto's final"))
     return lines
+
+
+def floor(curves: dict[str, list[list | None]], ref: str, targets: list[float], budget_s: float, maximize: bool) -> str:
+    """Goal 2's floor, seed by seed: when ``ref`` reached its final score, and when the first
+    complete trial of any strategy of the table ended (each process's start-up and one trial: none
+    can reach anything sooner). Where the latter is past half the former, no strategy measured could
+    meet the goal on that seed, whatever it chose; --auto's own first trial is given beside."""
+    seeds = range(len(targets))
+    own = [time_to(curves[ref][i] or [], targets[i], maximize, budget_s) for i in seeds]
+    first = [min(c[i][0][0] for c in curves.values() if c[i]) for i in seeds]
+    auto = [curves["auto"][i][0][0] if curves.get("auto") and curves["auto"][i] else math.inf for i in seeds]
+    out_of_reach = sum(1 for o, f in zip(own, first) if f > o / 2)
+
+    def times(values: list[float]) -> str:
+        return " / ".join(f"{v:.1f}" for v in values)
+
+    return (
+        f"goal 2's floor: {ref} reached its final at {times(own)} s (seed by seed); the first complete trial of "
+        f"any strategy ended at {times(first)} s (--auto's: {times(auto)} s): 0.5x was out of reach for every "
+        f"strategy on {out_of_reach} of {len(own)} seeds"
+    )
 
 
 def report(task: str, result: dict[str, Any], names: list[str], budget_s: float) -> None:

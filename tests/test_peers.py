@@ -212,8 +212,15 @@ def test_the_goals_are_met_or_missed_with_their_figures(sq):
     assert lines == [
         "goal 1 met: --auto's final 0.9500 vs ray-asha 0.9600: --auto's lead -0.0100 [90 % -0.0300, +0.0100] (tie)",
         "goal 2 MISSED: --auto did not reach ray-asha's final in half the seeds or more",
+        # ASHA's own times to its finals; the first complete trial of any strategy (warm's at 4 s, --auto's at 6 s)
+        "goal 2's floor: ray-asha reached its final at 40.0 / 20.0 s (seed by seed); the first complete trial of "
+        "any strategy ended at 4.0 / 6.0 s (--auto's: 5.0 / 6.0 s): 0.5x was out of reach for every strategy on "
+        "0 of 2 seeds",
         "goal 3 MISSED: warm reached --auto's final in 1.03x its time",
     ]
+    # a peer at its final after 3 s, before half of which no trial of any strategy had ended
+    instant = {**curves, "ray-asha": [sq.curve([(3.0, 0.99, 0.99)], "test", maximize=True)] * 2}
+    assert sq.goals(instant, 60.0, maximize=True)[2].endswith("out of reach for every strategy on 2 of 2 seeds")
     easier = {**curves, "ray-asha": [sq.curve([(40.0, 0.9, 0.90)], "test", maximize=True)] * 2}
     assert sq.goals(easier, 60.0, maximize=True)[:2] == [
         "goal 1 met: --auto's final 0.9500 vs ray-asha 0.9000: --auto's lead +0.0500 [90 % +0.0400, +0.0600] (above)",
