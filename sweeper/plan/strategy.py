@@ -441,11 +441,11 @@ def notes(spec: SweepSpec, machine: Facts) -> list[str]:
                 f"search.pruner.startup_trials {search.pruner.startup_trials} >= the {n} trials: the median "
                 f"pruner never has enough finished trials to prune"
             )
-    unknown = search.batch_size * (search.staleness + 1)  # trials proposed without each other's results
-    if search.sampler == "tpe" and n is not None and batched and n - unknown < TPE_STARTUP:
+    if search.sampler == "tpe" and n is not None and batched and n - search.unseen < TPE_STARTUP:
         out.append(
             f"search.sampler tpe samples at random until {TPE_STARTUP} trials have finished; with {n} "
-            f"trials, {unknown} at a time without each other's results, it never models: use random (or sampler: auto)"
+            f"trials, {search.unseen} at a time without each other's results, it never models: use random "
+            f"(or sampler: auto)"
         )
     if search.sampler == "grid" and search.n_trials is not None and n is not None and n < search.n_trials:
         out.append(f"search.n_trials {search.n_trials}: the grid has {n} points, so {n} trials run")

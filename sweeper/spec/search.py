@@ -375,7 +375,7 @@ class SearchSpec(Strict):
                     f"{', '.join(PROMOTING)} (got {self.pruner.type}): it is decided between batches, "
                     f"on the pruner's own cuts"
                 )
-        if self.reproducible and self.parallel > self.batch_size * (self.staleness + 1):
+        if self.reproducible and self.parallel > self.unseen:
             raise ValueError(
                 f"parallel ({self.parallel}) > batch_size ({self.batch_size}) x (staleness ({self.staleness}) + 1): "
                 f"workers would idle; raise search.batch_size or search.staleness, or set search.reproducible: false"
@@ -394,6 +394,12 @@ class SearchSpec(Strict):
         if self.fuse == "auto":
             return -(-self.batch_size // self.parallel)  # the batch shared evenly by the workers
         return self.fuse
+
+    @property
+    def unseen(self) -> int:
+        """Reproducible mode: the trials a batch is proposed without the results of (its own and
+        the search.staleness batches before it): as many as can run at once without waiting."""
+        return self.batch_size * (self.staleness + 1)
 
     def trial_cap(self, n_trials: int | None) -> int | None:
         """The most trials a budget of ``n_trials`` (None: none, until the timeout) runs: the grid

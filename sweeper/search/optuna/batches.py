@@ -80,9 +80,14 @@ class EarlierBatches:
         bound = batch - search.staleness * search.batch_size
         round_ = search.family_round
         if round_ is not None and not round_.holds(batch):
-            whole = -(-len(round_.families) // search.batch_size) * search.batch_size  # the round's batches
-            bound = max(bound, min(whole, batch))
+            bound = max(bound, min(self._after_round(), batch))
         return max(bound, 0)
+
+    def _after_round(self) -> int:
+        """The first slot after the family round's batches (the round's slots, rounded up to whole batches)."""
+        round_ = self.spec.search.family_round
+        assert round_ is not None
+        return -(-len(round_.families) // self.spec.search.batch_size) * self.spec.search.batch_size
 
     def space(self, batch: int) -> dict[str, sp.Param]:
         """The space the batch starting at slot ``batch`` samples from: after the family round
@@ -130,8 +135,7 @@ class EarlierBatches:
         out = {}
         round_ = self.spec.search.family_round
         if round_ is not None and not round_.holds(batch):
-            whole = -(-len(round_.families) // self.spec.search.batch_size) * self.spec.search.batch_size
-            first = max(len(self.enqueue), whole)
+            first = max(len(self.enqueue), self._after_round())
             for k, t in enumerate(self._best_of_round()):
                 if first + k in range(batch, batch + size) and t.state == OptunaState.PRUNED:
                     out[first + k] = (dict(t.params), _resuming(t))
