@@ -6,6 +6,9 @@ real sweep (a `summary.json`: by default `runs/digits/summary.json`, which `./de
 chosen by the trial's seed, its epochs slept rather than trained, and sweeper's pruner asked after
 each epoch as in a real trial. Time is compressed: the recorded epochs are scaled to
 ``--epoch-s`` seconds on average, so that N workers' coordination fits this machine's cores.
+Start-ups are not compressed (N at once on these cores, where N machines would each start in a
+few seconds): each worker waits after its own at a barrier, and the sweep's clock
+(search.timeout, ``--seconds``) starts when every worker has started.
 
 The workers are forked from this process after it imported sweeper (torch included, never run
 before the fork), so their memory is shared until written: 64 workers fit 24 GiB where 64 fresh
@@ -20,6 +23,11 @@ before the earlier ones end). For each N and mode it reports:
   once on these cores: not compressed, so reported apart);
 - utilisation: the workers' seconds inside trials over their seconds held (from the first
   trial's start to the exit: the waits between trials and the last one count against it);
+- clock utilisation: the same during the sweep's clock only (``--seconds`` from the barrier's
+  release, after which no trial is claimed): the tail, trials in flight at the timeout while
+  other workers have stopped, left out;
+- CPU a trial: a worker's CPU seconds from its first trial to its exit, per trial it ended
+  (decisions included): what N workers on these cores share;
 - trials a minute (ended trials over the wall clock of the run);
 - coordinator seconds a trial: a worker's seconds held outside trials, per trial it ended;
 - database statements a trial (every statement of every engine of the worker, SQLAlchemy's
@@ -36,11 +44,15 @@ before the earlier ones end). For each N and mode it reports:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import multiprocessing
 import os
+import pstats
 import random
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -55,9 +67,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVER = sa.engine.make_url(os.environ.get("SWEEPER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432"))
 SAMPLE_S = 0.25  # between two reads of pg_stat_activity and pg_locks
 MODES = {"reproducible": True, "free": False}  # search.reproducible
-# search.timeout counts from the sweep's start: the workers' start-ups (resolve and dry build, on
-# these few cores at once) get this much each on top of --seconds
-STARTUP_S = 1.0
+# The workers' start-ups (resolve and dry build, N at once on these few cores: 1-3 s each alone)
+# end at a barrier, before their first trial; the benchmark then moves the sweep's start
+# (search.timeout counts from it) to the barrier's release, so that --seconds are trials. Until
+# then the timeout allows this much a worker, and the barrier waits at most BARRIER_S.
+STARTUP_S = 10.0
+BARRIER_S = 1800.0
 
 
 def admin() -> psycopg.Connection:
@@ -83,37 +98,49 @@ class Stats:
 
     def __init__(self) -> None:
         self.started = time.monotonic()
+        self.ready: float | None = None  # time.monotonic() when its start-up ended (its first trial claimed)
         self.first_trial: float | None = None  # time.monotonic() when its first trial started
+        self.first_cpu = 0.0  # time.process_time() then (the start-up's CPU seconds, not counted)
         self.busy_s = 0.0  # inside simulated trials
         self.trials = 0
         self.statements = 0
         self.decisions: list[float] = []  # seconds each pruning decision took
+        self.trial_spans: list[tuple[float, float]] = []  # (start, end) of each trial, time.monotonic()
 
     def dump(self, path: Path) -> None:
         now = time.monotonic()
         first = self.first_trial if self.first_trial is not None else now
         record = {
-            "start_s": first - self.started,
+            "start_s": (self.ready or now) - self.started,
             "held_s": now - first,
             "busy_s": self.busy_s,
             "trials": self.trials,
             "statements": self.statements,
+            "cpu_s": time.process_time() - self.first_cpu,  # a forked child's count starts at 0
             "decisions": self.decisions,
+            "trial_spans": self.trial_spans,
         }
         path.write_text(json.dumps(record))
 
 
-def simulate(curves: list[list[dict[str, float]]], stats: Stats):
-    """An ``execute`` (sweeper.trial.execute's signature) that replays a recorded trial per config."""
+def simulate(curves: list[list[dict[str, float]]], stats: Stats, barrier: threading.Barrier):
+    """An ``execute`` (sweeper.trial.execute's signature) that replays a recorded trial per config;
+    before the first, it waits at ``barrier`` for every worker's start-up."""
     from sweeper.states import TrialState
     from sweeper.trial.outcome import Outcome
 
     def execute(configs, decide, worker_index=0, cache=None, ranks=None):
         outcomes = []
         for config in configs:
+            if stats.first_trial is None:
+                stats.ready = time.monotonic()
+                try:
+                    barrier.wait(BARRIER_S)
+                except threading.BrokenBarrierError:  # a worker failed to start: go on without it
+                    pass
             started = time.monotonic()
             if stats.first_trial is None:
-                stats.first_trial = started
+                stats.first_trial, stats.first_cpu = started, time.process_time()
             curve = random.Random(config.seed).choice(curves)
             out = Outcome(config.number, TrialState.COMPLETE)
             for epoch, metrics in enumerate(curve[: config.spec.train.epochs], start=1):
@@ -125,6 +152,7 @@ def simulate(curves: list[list[dict[str, float]]], stats: Stats):
                 if stop:
                     out.state, out.reason = TrialState.PRUNED, f"pruned at epoch {epoch}"
                     break
+            stats.trial_spans.append((started, time.monotonic()))
             seconds = time.monotonic() - started
             out.info = {"device": "cpu", "threads": 1, "seconds": seconds, "device_seconds": seconds}
             stats.busy_s += seconds
@@ -135,10 +163,16 @@ def simulate(curves: list[list[dict[str, float]]], stats: Stats):
     return execute
 
 
-def worker(spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_path: Path) -> None:
-    """A forked child: `sweeper worker`'s runner with simulated trials; never returns."""
+def worker(
+    spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_path: Path, profile: bool, barrier: Any
+) -> None:
+    """A forked child: `sweeper worker`'s runner with simulated trials; never returns. With
+    ``profile``, its cProfile statistics go beside its measurements (``w<i>.prof``)."""
     code = 1
+    profiler = cProfile.Profile() if profile else None
     try:
+        if profiler:
+            profiler.enable()
         from sweeper.search import pool, runner
         from sweeper.search.state import Role
         from sweeper.track.progress import QuietObserver
@@ -149,12 +183,15 @@ def worker(spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_pat
             stats.statements += 1
 
         sa.event.listen(sa.engine.Engine, "before_cursor_execute", counted)
-        pool.execute = simulate(curves, stats)
+        pool.execute = simulate(curves, stats, barrier)
         devnull = os.open(os.devnull, os.O_WRONLY)  # the workers' warnings, N times over: not shown
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         runner.run_sweep(spec, out, QuietObserver(), role=Role.WORKER)
         stats.dump(stats_path)
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(stats_path.with_suffix(".prof"))
         code = 0
     finally:
         os._exit(code)
@@ -177,16 +214,19 @@ def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace
     tree["export"] = {"formats": []}
     spec = validate(tree, "scale")
     mode = label(reproducible, staleness)
-    folder = work / f"n{n}-{mode.replace(' ', '')}"
-    folder.mkdir()
+    folder = Path(tempfile.mkdtemp(prefix=f"n{n}-{mode.replace(' ', '')}-", dir=work))  # a run may repeat
     started = time.monotonic()
+    barrier = multiprocessing.Barrier(n + 1)  # the workers', and this process's
     children = {}
     for i in range(n):
         stats_path = folder / f"w{i}.json"
         pid = os.fork()
         if pid == 0:
-            worker(spec, folder / f"w{i}", curves, stats_path)
+            worker(spec, folder / f"w{i}", curves, stats_path, args.profile is not None, barrier)
         children[pid] = stats_path
+    released: list[float] = []
+    allowance_s = n * STARTUP_S  # search.timeout less --seconds
+    threading.Thread(target=release, args=(barrier, url, spec.name, allowance_s, released), daemon=True).start()
     peak_connections, lock_waits, samples = 0, 0, 0
     with admin() as db:
         while children:
@@ -203,6 +243,10 @@ def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace
             time.sleep(SAMPLE_S)
         db.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     wall = time.monotonic() - started
+    if args.profile:
+        profiles = [str(p) for p in folder.glob("w*.prof")]
+        if profiles:
+            pstats.Stats(*profiles).dump_stats(args.profile / f"n{n}-{mode.replace(' ', '')}.prof")
     stats = [json.loads(p.read_text()) for p in sorted(folder.glob("w*.json"))]
     trials = sum(s["trials"] for s in stats)
     decisions = sorted(d for s in stats for d in s["decisions"])
@@ -216,14 +260,45 @@ def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace
         "trials": trials,
         "start_s_median": statistics.median(s["start_s"] for s in stats) if stats else None,
         "utilisation": sum(s["busy_s"] for s in stats) / max(1e-9, sum(s["held_s"] for s in stats)),
+        "clock_utilisation": clock_utilisation(stats, released[0] if released else None, args.seconds),
         "trials_per_min": 60 * trials / wall,
         "coordinator_s_per_trial": sum(s["held_s"] - s["busy_s"] for s in stats) / max(1, trials),
+        # CPU each trial costs its worker (decisions included): what N workers on these cores share
+        "cpu_ms_per_trial": 1000 * sum(s["cpu_s"] for s in stats) / max(1, trials),
         "statements_per_trial": sum(s["statements"] for s in stats) / max(1, trials),
         "decision_p50_ms": 1000 * decisions[len(decisions) // 2] if decisions else None,
         "decision_p99_ms": 1000 * decisions[int(len(decisions) * 0.99)] if decisions else None,
         "peak_connections": peak_connections,
         "lock_waits_per_sample": lock_waits / max(1, samples),
     }
+
+
+def release(barrier: Any, url: str, study: str, allowance_s: float, released: list[float]) -> None:
+    """Wait with the workers at their barrier; once every one has started, the sweep's start
+    moved to now (the ledger's started_at: search.timeout's seconds are then all trials)."""
+    try:
+        barrier.wait(BARRIER_S)
+    except threading.BrokenBarrierError:
+        return
+    released.append(time.monotonic())
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.begin() as db:
+        db.execute(
+            sa.text("UPDATE sweeper_sweeps SET started_at = :t WHERE study = :s"),
+            {"t": time.time() - allowance_s, "s": study},
+        )
+    engine.dispose()
+
+
+def clock_utilisation(stats: list[dict[str, Any]], released: float | None, seconds: float) -> float | None:
+    """Utilisation during the sweep's clock: the workers' trial seconds between the barrier's
+    release and the timeout (``seconds`` later: no trial is claimed after it), over N times that
+    (time.monotonic() is one clock for the forked workers); None without a release."""
+    if released is None or not stats:
+        return None
+    end = released + seconds
+    busy = sum(max(0.0, min(b, end) - max(a, released)) for s in stats for a, b in s["trial_spans"])
+    return busy / (len(stats) * seconds)
 
 
 def label(reproducible: bool, staleness: int) -> str:
@@ -267,12 +342,15 @@ def main() -> None:
     parser.add_argument("--epoch-s", type=float, default=1.0, help="the replayed epochs' mean seconds")
     parser.add_argument("--recorded", type=Path, default=ROOT / "runs" / "digits" / "summary.json")
     parser.add_argument("--results", type=Path, help="write the rows as JSON here too")
+    parser.add_argument("--profile", type=Path, help="write each run's workers' cProfile statistics, merged, here")
     parser.add_argument("--plot", type=Path, help="write a PNG of utilisation against N here (matplotlib)")
     args = parser.parse_args()
     curves = recorded(args.recorded, args.epoch_s)
     import sweeper.search.pool  # noqa: F401 (imported before the forks: shared by the workers)
     import sweeper.search.runner  # noqa: F401
 
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:

@@ -199,6 +199,32 @@ def test_a_batchs_trials_share_one_pruning_view_and_are_pruned_as_with_a_view_ea
     assert table(shared) == table(each) and {row[1] for row in table(shared)} == {"complete", "pruned"}
 
 
+def test_free_mode_reads_the_whole_study_a_fixed_number_of_times_and_no_point_twice(tmp_path: Path, monkeypatch):
+    """reproducible: false: pruning decisions and proposals read this process's view of the
+    finished trials (finished.py), not Optuna's cache, which reads every running trial again at
+    each read: the cache's reads do not grow with the sweep. Each slot is sampled by its own seed."""
+    from optuna.storages._cached_storage import _CachedStorage
+
+    reads = {}
+    for n in (6, 24):
+        count = 0
+        original = _CachedStorage._read_trials_from_remote_storage
+
+        def counted(self, study_id, original=original):
+            nonlocal count
+            count += 1
+            return original(self, study_id)
+
+        monkeypatch.setattr(_CachedStorage, "_read_trials_from_remote_storage", counted)
+        coordinator, _ = sweep(tmp_path / str(n), "search.reproducible=false", slots=3, budget=n)
+        monkeypatch.undo()
+        rows = table(coordinator)
+        assert len(rows) == n and len({tuple(sorted(r[2].items())) for r in rows}) == n
+        assert "pruned" in [r[1] for r in rows]  # against the complete trials read so far
+        reads[n] = count
+    assert reads[24] == reads[6]
+
+
 def test_grid_sampler_runs_each_point_once(tmp_path: Path):
     coordinator, _ = sweep(
         tmp_path,

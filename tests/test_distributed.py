@@ -261,7 +261,9 @@ def test_status_shows_who_holds_what_and_stop_lets_running_trials_finish(workdir
     assert len(summary["trials"]) == 4 and "waiting" not in summary["counts"]
 
 
-def test_budget_is_spent_exactly_once_without_batches(workdir: Path, pg_url: str):
+def test_budget_is_spent_exactly_once_without_batches_and_no_point_twice(workdir: Path, pg_url: str):
+    """reproducible: false: each slot once, and each sampled by its own seed (processes that
+    shared the sweep's seed proposed the same points in the same order)."""
     spec = write_spec(
         workdir / "s.yaml",
         tracking={"enabled": False},
@@ -270,7 +272,9 @@ def test_budget_is_spent_exactly_once_without_batches(workdir: Path, pg_url: str
     procs = [start(workdir, "worker", str(spec), "--out", f"w{i}", "-q", log=f"w{i}") for i in range(2)]
     for i, proc in enumerate(procs):
         finish(proc, workdir, f"w{i}")
-    assert len(trials(pg_url)) == 6 and count(pg_url, "COMPLETE", "PRUNED") == 6
+    made = trials(pg_url)
+    assert len(made) == 6 and count(pg_url, "COMPLETE", "PRUNED") == 6
+    assert len({tuple(sorted(t.params.items())) for t in made}) == 6
 
 
 def test_a_second_run_on_a_folder_in_use_exits_2(workdir: Path, gate: Path):

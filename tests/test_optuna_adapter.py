@@ -209,6 +209,64 @@ def test_a_stale_trial_is_failed_once(study: optuna.Study):
     assert not rdb.fail(study, tid)  # failed already (by another process)
 
 
+def test_a_trial_created_running_is_claimed_at_birth(study: optuna.Study, url: str):
+    """reproducible: false's trials (proposer.py): made RUNNING with their owner and a first
+    heartbeat in one transaction, so no other process claims them before their maker."""
+    template = optuna.trial.create_trial(
+        state=TrialState.RUNNING,
+        params={"lr": 0.1},
+        distributions={"lr": optuna.distributions.FloatDistribution(1e-4, 1.0, log=True)},
+        user_attrs={"sweeper_slot": 0},
+        system_attrs={"sweeper_owner": "host:1:a"},
+    )
+    (made,) = rdb.create(study, [template])
+    tid = rdb.trial_id(made)
+    assert rdb.stored(study, tid).state == TrialState.RUNNING and rdb.stored(study, tid).datetime_start is not None
+    assert rdb.running(study, "sweeper_owner") == [(tid, "host:1:a")] and rdb.waiting(study) == []
+    assert not rdb.claim(study, tid, {"sweeper_owner": "host:2:b"}, {})
+    engine = sa.create_engine(url)
+    with engine.connect() as db:
+        beats = db.execute(sa.text("SELECT count(*) FROM trial_heartbeats WHERE trial_id = :t"), {"t": tid}).scalar()
+    engine.dispose()
+    assert beats == 1  # its lease runs from its birth: a process that dies holding it is recovered
+
+
+def test_light_reads_of_waiting_running_and_finished_trials(study: optuna.Study):
+    """The reads that replace Optuna's cache where it would read every running trial again
+    (finished.py, lease.py, the proposer): ids and states, owners, then only the trials asked for."""
+    made = waiting(study, 5, sweeper_slot=1)
+    ids = [rdb.trial_id(t) for t in made]
+    assert [rdb.trial_id(t) for t in rdb.waiting(study)] == ids and rdb.waiting(study)[0].params["lr"] == 0.01
+    for tid in ids[:4]:
+        assert rdb.claim(study, tid, {}, {})
+    rdb.set_system_attr(study, ids[1], "sweeper_owner", "host:1:a")
+    assert sorted(rdb.running(study, "sweeper_owner")) == [
+        (ids[0], None),
+        (ids[1], "host:1:a"),
+        (ids[2], None),
+        (ids[3], None),
+    ]
+    rdb.finish(study, ids[1], TrialState.COMPLETE, [0.8], {1: 0.8}, {})
+    rdb.finish(study, ids[3], TrialState.PRUNED, None, {1: 0.1}, {})
+    assert [rdb.trial_id(t) for t in rdb.waiting(study)] == [ids[4]]
+    assert sorted(rdb.unfinished(study, "sweeper_slot")) == [(ids[0], 1), (ids[2], 1), (ids[4], 1)]
+    assert rdb.states_after(study, -1) == [
+        (ids[0], False),
+        (ids[1], True),
+        (ids[2], False),
+        (ids[3], True),
+        (ids[4], False),
+    ]
+    assert rdb.states_after(study, ids[2]) == [(ids[3], True), (ids[4], False)]
+    done = rdb.finished_trials(study, {ids[1]})  # and any finished above it: trial 3
+    assert [(rdb.trial_id(t), t.state, t.intermediate_values) for t in done] == [
+        (ids[1], TrialState.COMPLETE, {1: 0.8}),
+        (ids[3], TrialState.PRUNED, {1: 0.1}),
+    ]
+    assert [rdb.trial_id(t) for t in rdb.whole(study, {ids[0], ids[2]})] == [ids[0], ids[2]]
+    assert rdb.whole(study, set()) == [] and rdb.finished_trials(study, set()) == []
+
+
 def test_attrs_of_live_and_lost_trials(study: optuna.Study):
     """study.ask's trials (reproducible: false): their lease taken, their system attrs read and
     carried (an Optuna 5 Trial has none), a lost trial's attrs written by another process."""

@@ -40,6 +40,7 @@ from sweeper.phases import launched_at
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import lease
 from sweeper.search.optuna.batches import EarlierBatches
+from sweeper.search.optuna.finished import FinishedTrials
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.live import LiveTrials
 from sweeper.search.optuna.proposer import Budget, Found, Proposer
@@ -66,10 +67,15 @@ class Coordinator:
         self.observer = ctx.observer
         self.budget = Budget(spec, study, ctx.role)
         self.batches = EarlierBatches(spec, study, ctx.enqueue)
-        self.proposer = Proposer(spec, study, ledger, heartbeat, self.budget, self.batches, ctx.tracker, fuse)
+        self.finished = FinishedTrials(spec, study, ledger.member)  # reproducible: false's view of the study
+        self.proposer = Proposer(
+            spec, study, ledger, heartbeat, self.budget, self.batches, self.finished, ctx.tracker, fuse
+        )
         self.recovery = Recovery(spec, study, ledger, ctx, self.proposer, self.batches)
         self.breaker = Breaker(spec, study, ledger, self.budget, ctx)
-        self.live = LiveTrials(spec, study, heartbeat, ctx, self.batches, self.recovery, self.breaker, fuse)
+        self.live = LiveTrials(
+            spec, study, heartbeat, ctx, self.batches, self.finished, self.recovery, self.breaker, fuse
+        )
         self.pending: list[list[TrialConfig]] = []  # claimed tasks waiting for a free worker
         # elsewhere(waiting, spent): asked before each claim (False) and while nothing can be
         # claimed until other processes' trials end (True), with the device-seconds this process's

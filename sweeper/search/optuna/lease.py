@@ -50,6 +50,10 @@ class Heartbeat:
         rdb.record_heartbeat(self.study, trial_id)
         self.trial_ids.add(trial_id)
 
+    def created(self, trial_id: int) -> None:
+        """Renew the lease of a trial this process created RUNNING, its owner (rdb.create)."""
+        self.trial_ids.add(trial_id)
+
     def claim(self, trial_id: int, user_attrs: dict[str, Any] | None = None) -> bool:
         """Claim a WAITING trial and take its lease (and set ``user_attrs``), in one transaction;
         False when another process claimed it first."""
@@ -95,23 +99,28 @@ class Heartbeat:
 
 
 def stale(study: optuna.Study, lease_s: float) -> list[FrozenTrial]:
-    """RUNNING trials whose owner stopped renewing their lease (or, on this host, has exited)."""
+    """RUNNING trials whose owner stopped renewing their lease (or, on this host, has exited),
+    found from their ids and owners (one light read), then read whole."""
     expired = rdb.expired(study)  # Optuna's own check, the database's clock
     here = host_name()
-    found = []
-    for t in study.get_trials(deepcopy=False, states=(OptunaState.RUNNING,)):
-        owner = t.system_attrs.get(OWNER)
-        if rdb.trial_id(t) in expired:
-            found.append(t)
-        elif owner is None:  # claimed, then its process died before it took the lease
-            started = t.datetime_start or datetime.now()
-            if datetime.now() - started > timedelta(seconds=lease_s):
-                found.append(t)
+    found, unowned = set(), set()
+    for trial_id, owner in rdb.running(study, OWNER):
+        if trial_id in expired:
+            found.add(trial_id)
+        elif owner is None:  # claimed, then its process died before it took the lease?
+            unowned.add(trial_id)
         else:
             host, pid, _ = owner.split(":")
             if host == here and not pid_alive(int(pid)):
-                found.append(t)
-    return found
+                found.add(trial_id)
+    out = []
+    for t in rdb.whole(study, found | unowned):
+        started = t.datetime_start or datetime.now()
+        if t.state == OptunaState.RUNNING and (
+            rdb.trial_id(t) in found or datetime.now() - started > timedelta(seconds=lease_s)
+        ):
+            out.append(t)
+    return out
 
 
 def fail(study: optuna.Study, t: FrozenTrial) -> bool:

@@ -1,6 +1,6 @@
 """The trials this process trains, from their start to their end: their configs and MLflow runs,
-the pruner's answers after each epoch (reproducible mode asks the trial's shadow in a view of the
-earlier batches; otherwise the study itself), their epochs recorded, and their end told to the
+the pruner's answers after each epoch (asked of the trial's shadow: in a view of the earlier
+batches, or with ``reproducible: false`` of the finished trials), their epochs recorded, and their end told to the
 study in one transaction, logged, published, and handed to recovery (a lost worker, out of
 memory) and to the circuit breaker."""
 
@@ -21,6 +21,7 @@ from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import CHECKED_RHO, EarlierBatches
+from sweeper.search.optuna.finished import FinishedTrials
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.recovery import Breaker, Recovery
 from sweeper.search.optuna.study import (
@@ -54,7 +55,7 @@ class LiveTrial:
     trial: optuna.Trial  # in the real study
     config: TrialConfig
     run_id: str | None
-    shadow: optuna.Trial | None  # reproducible mode: the same trial in the shadow study
+    shadow: optuna.Trial | None  # the same trial in the view the pruner decides in (batches.py, finished.py)
     lost: bool = False  # another process failed it: this process's lease had run out
     epochs: dict[int, float] = field(default_factory=dict)  # the objective at each epoch, for its end
     carried: dict[str, Any] = field(default_factory=dict)  # the shadow's system attrs written to the trial
@@ -80,12 +81,13 @@ class LiveTrials:
         heartbeat: Heartbeat,
         ctx: SearchContext,
         batches: EarlierBatches,
+        finished: FinishedTrials,
         recovery: Recovery,
         breaker: Breaker,
         fuse: int,
     ) -> None:
         self.spec, self.study, self.heartbeat, self.ctx = spec, study, heartbeat, ctx
-        self.batches, self.recovery, self.breaker = batches, recovery, breaker
+        self.batches, self.finished, self.recovery, self.breaker = batches, finished, recovery, breaker
         self.fuse = fuse  # trials per fused model (1: none fused)
         self.live: dict[int, LiveTrial] = {}
         self.threads = threads_per_trial(spec)
@@ -121,7 +123,11 @@ class LiveTrials:
     def _config(self, trial: optuna.Trial) -> TrialConfig:
         values = sp.suggest(self.spec.search.space, trial)
         batch = trial.user_attrs.get(BATCH)
-        shadow = self.batches.shadow(batch) if self.spec.search.reproducible and batch is not None else None
+        shadow: optuna.Trial | None
+        if not self.spec.search.reproducible:
+            shadow = self.finished.shadow()
+        else:
+            shadow = self.batches.shadow(batch) if batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
         # a preempted attempt's state, where this machine can read it (else: from the start, the same result)
         resume = trial.user_attrs.get(RESUME)
@@ -136,7 +142,7 @@ class LiveTrials:
             resume=resume if resume is not None and Path(resume).exists() else None,
             pause_epoch=round_epochs,  # its state kept there: promoted, it continues from it
             # search.pruner.promote: stopped by the pruner, it pauses (promotions are proposed with batches)
-            pause_on_prune=self.spec.search.pruner.promote and shadow is not None and round_epochs is None,
+            pause_on_prune=self.spec.search.pruner.promote and batch is not None and round_epochs is None,
         )
         live = LiveTrial(trial, config, None, shadow, round_epochs=round_epochs)
         live.promoted_from = trial.user_attrs.get(PROMOTED_FROM)
@@ -193,11 +199,14 @@ class LiveTrials:
             live.epochs[epoch] = value
             return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
+        if live.batch is None:  # reproducible: false: against every trial finished so far
+            self.finished.before_decision(live.shadow)
         return live.lost or (live.shadow.should_prune() and not self._spared(live, epoch))
 
     def _spared(self, live: LiveTrial, epoch: int) -> bool:
         """True if search.pruner.check_rungs overrules the pruner's cut (said once per epoch)."""
-        assert live.batch is not None
+        if live.batch is None:  # reproducible mode's (free mode has no rung checks)
+            return False
         rho = self.batches.spared(live.batch, epoch)
         if rho is None:
             return False

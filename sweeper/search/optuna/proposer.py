@@ -19,9 +19,10 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import EarlierBatches
+from sweeper.search.optuna.finished import LIVE_SAMPLERS, FinishedTrials
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep
-from sweeper.search.optuna.study import ATTEMPT, BATCH, INFO, SLOT, UNFINISHED, seed
+from sweeper.search.optuna.study import ATTEMPT, BATCH, INFO, OWNER, SLOT, UNFINISHED, seed
 from sweeper.search.state import Role
 from sweeper.spec import SweepSpec
 from sweeper.track.mlflow import Tracker
@@ -88,15 +89,17 @@ class Proposer:
         heartbeat: Heartbeat,
         budget: Budget,
         batches: EarlierBatches,
+        finished: FinishedTrials,
         tracker: Tracker,
         fuse: int,
     ) -> None:
         self.spec, self.study, self.ledger, self.heartbeat = spec, study, ledger, heartbeat
-        self.budget, self.batches, self.tracker = budget, batches, tracker
+        self.budget, self.batches, self.finished, self.tracker = budget, batches, finished, tracker
         self.fuse = fuse  # trials per fused model (1: none fused)
         # trials this process created and has not claimed yet: claimed without reading the study
         # first (a claim is atomic: one another process took meanwhile is skipped)
         self.waiting_here: list[FrozenTrial] = []
+        self.sampled: FrozenTrial | None = None  # reproducible: false: the next trial, before its slot's claim
 
     def next(self, sweep: Sweep) -> Proposal:
         """Trials to start: WAITING ones claimed, else new ones proposed; none once the device
@@ -111,10 +114,7 @@ class Proposer:
         one trial, or with fusing the waiting trials of the first one's chunk."""
         claimed: list[optuna.Trial] = []
         mine = bool(self.waiting_here)
-        waiting = self.waiting_here or sorted(
-            self.study.get_trials(deepcopy=False, states=(OptunaState.WAITING,)),
-            key=lambda t: t.user_attrs.get(SLOT, t.number),
-        )
+        waiting = self.waiting_here or sorted(rdb.waiting(self.study), key=lambda t: t.user_attrs.get(SLOT, t.number))
         tried = set()
         for t in waiting:
             if claimed and (self.fuse == 1 or self.chunk(t) != self.chunk(claimed[0])):
@@ -144,11 +144,15 @@ class Proposer:
         if left == 0 or sweep.proposing is not None:
             return NOTHING
         if not self.spec.search.reproducible:
+            # sampled before the slot's claim, which holds the sweep's lock until the trial exists,
+            # and kept until a slot is claimed: processes that lose a claim sample nothing again
+            if self.sampled is None and self.spec.search.sampler not in LIVE_SAMPLERS:
+                self.sampled = self.finished.params()
             if not self.ledger.claim_slot(sweep):
                 return AGAIN  # another process claimed that slot: look again
             return self._new_trial(sweep.proposed)
         known = self.batches.known(sweep.proposed)
-        if any(t.user_attrs.get(BATCH, -1) < known for t in self.study.get_trials(deepcopy=False, states=UNFINISHED)):
+        if any((-1 if batch is None else batch) < known for _, batch in rdb.unfinished(self.study, BATCH)):
             return NOTHING  # a batch the next one must see the results of is not finished
         size = self.spec.search.batch_size if left is None else min(left, self.spec.search.batch_size)
         if not self.ledger.claim_batch(sweep, size):
@@ -161,11 +165,16 @@ class Proposer:
         return AGAIN
 
     def _new_trial(self, slot: int) -> Proposal:
-        """reproducible: false: the trial of ``slot`` (whose claim holds the ledger's lock)."""
+        """reproducible: false: the trial of ``slot`` (whose claim holds the ledger's lock): an
+        LR warm start's, enqueued, then claimed like any; else the sampled one, created leased
+        to this process (finished.py); else (LIVE_SAMPLERS) asked of the live study."""
         if slot < len(self.batches.enqueue):  # an LR warm-start trial: enqueued, then claimed like any
             self.study.enqueue_trial(self.batches.enqueue[slot], user_attrs={SLOT: slot})
             self.ledger.unlock()
             return AGAIN
+        if self.sampled is not None:  # created claimed: no other process takes it before this one
+            template, self.sampled = self.sampled, None
+            return Proposal(Found.TRIALS, [self._created(template, slot)])
         with warnings.catch_warnings():  # Optuna warns that heartbeats belong in study.optimize
             warnings.simplefilter("ignore")
             trial = self.study.ask()
@@ -176,6 +185,23 @@ class Proposer:
             self.ledger.unlock()
         self.heartbeat.hold(rdb.trial_id(trial))
         return Proposal(Found.TRIALS, [trial])
+
+    def _created(self, template: FrozenTrial, slot: int) -> optuna.Trial:
+        """The trial of ``slot`` made from ``template``, RUNNING and leased to this process, in
+        one transaction; the sweep's lock released."""
+        new = optuna.trial.create_trial(
+            state=OptunaState.RUNNING,
+            params=template.params,
+            distributions=template.distributions,
+            user_attrs={SLOT: slot},
+            system_attrs={**_sampler_attrs(template), OWNER: self.ledger.member},
+        )
+        # as a claim records them: a process recovering the trial records the seed and closes the run
+        new.user_attrs[INFO] = {"seed": seed(self.spec, new), "mlflow_run_id": self.tracker.new_run_id()}
+        (made,) = rdb.create(self.study, [new])
+        self.ledger.unlock()
+        self.heartbeat.created(rdb.trial_id(made))
+        return optuna.Trial(self.study, rdb.trial_id(made))
 
     def enqueue(self, proposed: list[tuple[FrozenTrial, dict[str, Any]]]) -> None:
         """Proposed trials (with their user attrs), WAITING, in one transaction, with their params
@@ -190,8 +216,14 @@ class Proposer:
                     params=p.params,
                     distributions=p.distributions,
                     user_attrs={**p.user_attrs, **attrs},  # a promotion's (batches.py), and its slot
-                    system_attrs={k: v for k, v in p.system_attrs.items() if k != "fixed_params"},
-                )  # NSGA-II's generation
+                    system_attrs=_sampler_attrs(p),
+                )
                 for p, attrs in proposed
             ],
         )
+
+
+def _sampler_attrs(proposed: FrozenTrial) -> dict[str, Any]:
+    """The system attrs a proposed trial keeps (NSGA-II's generation, CMA-ES's); not its
+    "fixed_params", which a trial holding its params does not need (its suggest returns them)."""
+    return {k: v for k, v in proposed.system_attrs.items() if k != "fixed_params"}

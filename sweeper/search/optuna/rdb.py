@@ -23,7 +23,8 @@ storage, and runs again on each end: constraints/optuna-lowest.txt and -newest.t
 - the rows Optuna writes for a new trial (``create``: as RDBStorage's ``_get_prepared_new_trial``
   writes them), RDBStorage's ``_set_trial_attr_without_commit``,
   ``_set_trial_value_without_commit`` (it takes the TrialModel since Optuna 4.6, the trial's id
-  before: hence the range's floor) and ``_get_stale_trial_ids``;
+  before: hence the range's floor), ``_get_stale_trial_ids`` and ``_get_trials`` (study id, states,
+  trial ids, an id above which every trial is read: how Optuna's cache reads);
 - RDBStorage's ``engine`` and ``scoped_session`` attributes (``on_engine``: the storage moved onto
   the process's shared engine);
 - public storage methods reached through ``_storage`` (get_trial, get_trial_system_attrs,
@@ -63,13 +64,19 @@ __all__ = [
     "expired",
     "fail",
     "finish",
+    "finished_trials",
+    "running",
     "record_heartbeat",
     "set_system_attr",
     "set_user_attr",
+    "states_after",
     "stored",
     "study_id",
     "system_attrs",
     "trial_id",
+    "unfinished",
+    "waiting",
+    "whole",
 ]
 
 
@@ -129,6 +136,79 @@ def expired(study: optuna.Study) -> set[int]:
     """The ids of the study's RUNNING trials whose heartbeat is older than the storage's
     ``grace_period`` (Optuna's own check, ``_get_stale_trial_ids``: the database's clock)."""
     return set(_rdb(study)._get_stale_trial_ids(study_id(study)))
+
+
+def waiting(study: optuna.Study) -> list[FrozenTrial]:
+    """The study's WAITING trials, read from the storage itself (Optuna's cache would read every
+    running trial again with them): their ids (one statement), then, if any, the trials whole."""
+    ids = {tid for tid, _ in _listed(study, [TrialState.WAITING], models.TrialUserAttributeModel, "")}
+    return [t for t in _whole(study, ids, [TrialState.WAITING]) if t._trial_id in ids]
+
+
+def running(study: optuna.Study, key: str) -> list[tuple[int, Any]]:
+    """(id, system attr ``key`` or None) of the study's RUNNING trials: one statement of two
+    columns (lease.py: which trials' owners stopped)."""
+    return _listed(study, [TrialState.RUNNING], models.TrialSystemAttributeModel, key)
+
+
+def unfinished(study: optuna.Study, key: str) -> list[tuple[int, Any]]:
+    """(id, user attr ``key`` or None) of the study's WAITING and RUNNING trials: one statement of
+    two columns (the proposer: which batches still run)."""
+    return _listed(study, [TrialState.WAITING, TrialState.RUNNING], models.TrialUserAttributeModel, key)
+
+
+def whole(study: optuna.Study, ids: set[int]) -> list[FrozenTrial]:
+    """The trials of ``ids``, whole, in whatever state."""
+    return [t for t in _whole(study, ids, None) if t._trial_id in ids]
+
+
+def _listed(study: optuna.Study, states: list[TrialState], attrs: Any, key: str) -> list[tuple[int, Any]]:
+    """(id, attr ``key`` of the ``attrs`` model, or None) of the study's trials in ``states``."""
+    sid, table = study_id(study), models.TrialModel
+
+    def read(_: bool) -> list[tuple[int, Any]]:
+        with _create_scoped_session(_rdb(study).scoped_session) as session:
+            rows = session.execute(
+                sa.select(table.trial_id, attrs.value_json)
+                .select_from(table)
+                .outerjoin(attrs, sa.and_(attrs.trial_id == table.trial_id, attrs.key == key))
+                .where(table.study_id == sid, table.state.in_(states))
+            ).all()
+        return [(tid, None if value is None else json.loads(value)) for tid, value in rows]
+
+    names = " and ".join(s.name for s in states)
+    return riding_out(read, _rdb(study).engine.url, f"the study's {names} trials")
+
+
+def _whole(study: optuna.Study, ids: set[int], states: list[TrialState] | None) -> list[FrozenTrial]:
+    """The trials of ``ids`` (in ``states``), and any with a larger id (in them): Optuna's
+    ``_get_trials``, the trials in a set or above an id."""
+    if not ids:
+        return []
+    return _rdb(study)._get_trials(study_id(study), states, set(ids), max(ids))
+
+
+def states_after(study: optuna.Study, after: int) -> list[tuple[int, bool]]:
+    """(id, finished) of the study's trials with an id above ``after``, by id: one statement of
+    two columns (finished.py: what was read before need not be read again)."""
+    sid, table = study_id(study), models.TrialModel
+
+    def read(_: bool) -> list[tuple[int, bool]]:
+        with _create_scoped_session(_rdb(study).scoped_session) as session:
+            rows = (
+                session.query(table.trial_id, table.state)
+                .filter(table.study_id == sid, table.trial_id > after)
+                .order_by(table.trial_id)
+                .all()
+            )
+        return [(tid, state.is_finished()) for tid, state in rows]
+
+    return riding_out(read, _rdb(study).engine.url, "the study's trials (ids and states)")
+
+
+def finished_trials(study: optuna.Study, ids: set[int]) -> list[FrozenTrial]:
+    """The finished trials among ``ids``, whole, and any with a larger id that finished since."""
+    return _whole(study, ids, [s for s in TrialState if s.is_finished()])
 
 
 # --- transactions (RDBStorage) ----------------------------------------------------------------------
@@ -197,8 +277,9 @@ def _rdb(study: optuna.Study) -> RDBStorage:
 
 
 def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTrial]:
-    """New trials (templates made by ``optuna.trial.create_trial``: WAITING with params and attrs,
-    or an earlier sweep's finished trial with its values and epochs) in one
+    """New trials (templates made by ``optuna.trial.create_trial``: WAITING with params and attrs;
+    RUNNING, claimed at birth, with their owner's attrs and a first heartbeat; or an earlier
+    sweep's finished trial with its values and epochs) in one
     transaction, as ``study.add_trial`` makes one: the study's row locked while their numbers are
     counted, each parameter's distribution checked against the study's. Returns them with their
     storage ids and numbers. Their rows are written as Optuna's ``_get_prepared_new_trial`` writes
@@ -227,6 +308,8 @@ def create(study: optuna.Study, templates: list[FrozenTrial]) -> list[FrozenTria
             session.flush()  # their ids
             for row, template in zip(made, templates):
                 session.add_all(_rows(row.trial_id, template, checked))
+                if template.state == TrialState.RUNNING:
+                    session.add(models.TrialHeartbeatModel(trial_id=row.trial_id))
             return [(m.trial_id, m.number) for m in made]
 
     numbered = riding_out(write, _rdb(study).engine.url, "creating the batch's trials")
