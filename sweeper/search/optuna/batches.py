@@ -28,6 +28,7 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.review.study_view import distribution
 from sweeper.search.optuna import rdb
+from sweeper.search.optuna.finished import FinishedTrials
 from sweeper.search.optuna.study import (
     BATCH,
     FINISHED,
@@ -60,8 +61,15 @@ RUNG_MODEL_MIN = 10
 class EarlierBatches:
     """The views of the study's earlier batches, each built from the study once per batch."""
 
-    def __init__(self, spec: SweepSpec, study: optuna.Study, enqueue: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        spec: SweepSpec,
+        study: optuna.Study,
+        enqueue: list[dict[str, Any]],
+        finished: FinishedTrials | None = None,
+    ) -> None:
         self.spec, self.study = spec, study
+        self.finished = finished  # reproducible: false's view instead (finished.py), where the coordinator makes one
         self.enqueue = enqueue  # the params of the sweep's first slots (the LR warm start)
         self.snapshot: tuple[int, list[FrozenTrial]] = (-1, [])  # (batch, its finished earlier trials)
         self.shared_view: tuple[int, optuna.Study | None] = (-1, None)  # (batch, the view its trials share)

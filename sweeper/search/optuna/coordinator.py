@@ -66,16 +66,12 @@ class Coordinator:
         self.device_unit = "GPU-hours" if cuda else "core-hours"  # what search.budget counts here
         self.observer = ctx.observer
         self.budget = Budget(spec, study, ctx.role)
-        self.batches = EarlierBatches(spec, study, ctx.enqueue)
-        self.finished = FinishedTrials(spec, study, ledger.member)  # reproducible: false's view of the study
-        self.proposer = Proposer(
-            spec, study, ledger, heartbeat, self.budget, self.batches, self.finished, ctx.tracker, fuse
-        )
+        # reproducible: false proposes and prunes in a view of the finished trials (finished.py)
+        self.batches = EarlierBatches(spec, study, ctx.enqueue, FinishedTrials(spec, study, ledger.member))
+        self.proposer = Proposer(spec, study, ledger, heartbeat, self.budget, self.batches, ctx.tracker, fuse)
         self.recovery = Recovery(spec, study, ledger, ctx, self.proposer, self.batches)
         self.breaker = Breaker(spec, study, ledger, self.budget, ctx)
-        self.live = LiveTrials(
-            spec, study, heartbeat, ctx, self.batches, self.finished, self.recovery, self.breaker, fuse
-        )
+        self.live = LiveTrials(spec, study, heartbeat, ctx, self.batches, self.recovery, self.breaker, fuse)
         self.pending: list[list[TrialConfig]] = []  # claimed tasks waiting for a free worker
         # elsewhere(waiting, spent): asked before each claim (False) and while nothing can be
         # claimed until other processes' trials end (True), with the device-seconds this process's

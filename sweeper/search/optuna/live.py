@@ -21,7 +21,6 @@ from sweeper.search import checkpoints
 from sweeper.search.backend import SearchContext
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import CHECKED_RHO, EarlierBatches
-from sweeper.search.optuna.finished import FinishedTrials
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.recovery import Breaker, Recovery
 from sweeper.search.optuna.study import (
@@ -81,13 +80,12 @@ class LiveTrials:
         heartbeat: Heartbeat,
         ctx: SearchContext,
         batches: EarlierBatches,
-        finished: FinishedTrials,
         recovery: Recovery,
         breaker: Breaker,
         fuse: int,
     ) -> None:
         self.spec, self.study, self.heartbeat, self.ctx = spec, study, heartbeat, ctx
-        self.batches, self.finished, self.recovery, self.breaker = batches, finished, recovery, breaker
+        self.batches, self.recovery, self.breaker = batches, recovery, breaker
         self.fuse = fuse  # trials per fused model (1: none fused)
         self.live: dict[int, LiveTrial] = {}
         self.threads = threads_per_trial(spec)
@@ -125,7 +123,8 @@ class LiveTrials:
         batch = trial.user_attrs.get(BATCH)
         shadow: optuna.Trial | None
         if not self.spec.search.reproducible:
-            shadow = self.finished.shadow()
+            assert self.batches.finished is not None, "the coordinator makes the view"
+            shadow = self.batches.finished.shadow()
         else:
             shadow = self.batches.shadow(batch) if batch is not None else None
         resized = {"train.accumulate": trial.user_attrs[ACCUMULATE]} if ACCUMULATE in trial.user_attrs else {}
@@ -200,7 +199,8 @@ class LiveTrials:
             return live.lost or live.trial.should_prune()
         live.shadow.report(value, epoch)
         if live.batch is None:  # reproducible: false: against every trial finished so far
-            self.finished.before_decision(live.shadow)
+            assert self.batches.finished is not None
+            self.batches.finished.before_decision(live.shadow)
         return live.lost or (live.shadow.should_prune() and not self._spared(live, epoch))
 
     def _spared(self, live: LiveTrial, epoch: int) -> bool:

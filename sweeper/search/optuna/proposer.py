@@ -19,7 +19,7 @@ from optuna.trial import TrialState as OptunaState
 
 from sweeper.search.optuna import rdb
 from sweeper.search.optuna.batches import EarlierBatches
-from sweeper.search.optuna.finished import LIVE_SAMPLERS, FinishedTrials
+from sweeper.search.optuna.finished import LIVE_SAMPLERS
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep
 from sweeper.search.optuna.study import ATTEMPT, BATCH, INFO, OWNER, SLOT, UNFINISHED, seed
@@ -89,12 +89,11 @@ class Proposer:
         heartbeat: Heartbeat,
         budget: Budget,
         batches: EarlierBatches,
-        finished: FinishedTrials,
         tracker: Tracker,
         fuse: int,
     ) -> None:
         self.spec, self.study, self.ledger, self.heartbeat = spec, study, ledger, heartbeat
-        self.budget, self.batches, self.finished, self.tracker = budget, batches, finished, tracker
+        self.budget, self.batches, self.tracker = budget, batches, tracker
         self.fuse = fuse  # trials per fused model (1: none fused)
         # trials this process created and has not claimed yet: claimed without reading the study
         # first (a claim is atomic: one another process took meanwhile is skipped)
@@ -147,7 +146,8 @@ class Proposer:
             # sampled before the slot's claim, which holds the sweep's lock until the trial exists,
             # and kept until a slot is claimed: processes that lose a claim sample nothing again
             if self.sampled is None and self.spec.search.sampler not in LIVE_SAMPLERS:
-                self.sampled = self.finished.params()
+                assert self.batches.finished is not None, "the coordinator makes the view"
+                self.sampled = self.batches.finished.params()
             if not self.ledger.claim_slot(sweep):
                 return AGAIN  # another process claimed that slot: look again
             return self._new_trial(sweep.proposed)
