@@ -220,7 +220,8 @@ def test_free_mode_reads_the_whole_study_a_fixed_number_of_times_and_no_point_tw
         monkeypatch.undo()
         rows = table(coordinator)
         assert len(rows) == n and len({tuple(sorted(r[2].items())) for r in rows}) == n
-        assert "pruned" in [r[1] for r in rows]  # against the complete trials read so far
+        if n == 24:  # some slot ran 8 trials after each other, each pruned against those before it
+            assert "pruned" in [r[1] for r in rows]
         reads[n] = count
     assert reads[24] == reads[6]
 

@@ -482,7 +482,8 @@ def test_a_queue_worker_holds_few_connections_each_named_for_its_process(workdir
         while worker.poll() is None:
             rows = db.execute(
                 "SELECT application_name, count(*) FROM pg_stat_activity "
-                "WHERE datname = %s AND backend_type = 'client backend' GROUP BY 1",
+                # state is NULL while a connection starts, before its application_name is set
+                "WHERE datname = %s AND backend_type = 'client backend' AND state IS NOT NULL GROUP BY 1",
                 (database,),
             ).fetchall()
             for process, n in rows:
