@@ -39,6 +39,12 @@ before the earlier ones end). For each N and mode it reports:
     python benchmarks/scale.py --workers 1 8 32 64 --seconds 120
     python benchmarks/scale.py --workers 8 --seconds 60 --modes reproducible
     python benchmarks/scale.py --workers 8 32 --seconds 60 --modes reproducible --staleness 0 1 2
+    python benchmarks/scale.py --workers 8 --prefill 100 10000 --seconds 60
+
+``--prefill K`` starts each run's study with K finished trials (issue #56 item 3: is a trial's
+cost flat in the study's size?): each a random point of the space with a recorded curve, pruned
+at a random epoch in two of five, written in one transaction per PREFILL_CHUNK trials before the
+workers start; the first worker's ledger then counts their slots as taken (store._existing).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ MODES = {"reproducible": True, "free": False}  # search.reproducible
 # then the timeout allows this much a worker, and the barrier waits at most BARRIER_S.
 STARTUP_S = 10.0
 BARRIER_S = 1800.0
+PREFILL_CHUNK = 1000  # trials a transaction writes (--prefill)
 
 
 def admin() -> psycopg.Connection:
@@ -93,6 +100,51 @@ def recorded(path: Path, epoch_s: float) -> list[list[dict[str, float]]]:
     return [[{**h, "epoch_seconds": h["epoch_seconds"] * epoch_s / mean} for h in history] for history in trials]
 
 
+def prefill(spec: Any, folder: Path, curves: list[list[dict[str, float]]], k: int) -> None:
+    """Write ``k`` finished trials into the spec's study (``--prefill``), in a forked child: the
+    storage's pool is never shared with the workers forked later."""
+    pid = os.fork()
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        if status:
+            raise SystemExit(f"--prefill {k}: the child writing the trials failed ({status})")
+        return
+    code = 1
+    try:
+        import optuna
+
+        from sweeper.review.study_view import distribution
+        from sweeper.search.optuna import rdb
+        from sweeper.search.optuna.study import BATCH, SLOT, open_study
+        from sweeper.spec import space as sp
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = open_study(spec, folder)
+        draw = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=spec.seed))
+        metric, size, rng = spec.objective.metric, spec.search.batch_size, random.Random(spec.seed)
+        trials = []
+        for slot in range(k):
+            params = sp.suggest(spec.search.space, draw.ask())
+            curve = [h[metric] for h in rng.choice(curves)]
+            stop = rng.randint(spec.search.pruner.min_epochs, len(curve) - 1) if rng.random() < 0.4 else len(curve)
+            state = optuna.trial.TrialState.COMPLETE if stop == len(curve) else optuna.trial.TrialState.PRUNED
+            trials.append(
+                optuna.trial.create_trial(
+                    state=state,
+                    value=curve[-1] if stop == len(curve) else None,
+                    params=params,
+                    distributions={path: distribution(spec.search.space[path]) for path in params},
+                    intermediate_values={e: v for e, v in enumerate(curve[:stop], start=1)},
+                    user_attrs={SLOT: slot, BATCH: slot - slot % size},
+                )
+            )
+        for start in range(0, k, PREFILL_CHUNK):
+            rdb.create(study, trials[start : start + PREFILL_CHUNK])
+        code = 0
+    finally:
+        os._exit(code)
+
+
 class Stats:
     """What one simulated worker measures of itself."""
 
@@ -106,6 +158,7 @@ class Stats:
         self.statements = 0
         self.decisions: list[float] = []  # seconds each pruning decision took
         self.trial_spans: list[tuple[float, float]] = []  # (start, end) of each trial, time.monotonic()
+        self.visits = 0  # a queue's worker: the sweeps it entered
 
     def dump(self, path: Path) -> None:
         now = time.monotonic()
@@ -119,6 +172,7 @@ class Stats:
             "cpu_s": time.process_time() - self.first_cpu,  # a forked child's count starts at 0
             "decisions": self.decisions,
             "trial_spans": self.trial_spans,
+            "visits": self.visits,
         }
         path.write_text(json.dumps(record))
 
@@ -163,19 +217,16 @@ def simulate(curves: list[list[dict[str, float]]], stats: Stats, barrier: thread
     return execute
 
 
-def worker(
-    spec: Any, out: Path, curves: list[list[dict[str, float]]], stats_path: Path, profile: bool, barrier: Any
-) -> None:
-    """A forked child: `sweeper worker`'s runner with simulated trials; never returns. With
-    ``profile``, its cProfile statistics go beside its measurements (``w<i>.prof``)."""
+def worker(run: Any, curves: list[list[dict[str, float]]], stats_path: Path, profile: bool, barrier: Any) -> None:
+    """A forked child: ``run()`` (a `sweeper worker`'s runner, or a queue's worker) with simulated
+    trials; never returns. With ``profile``, its cProfile statistics go beside its measurements
+    (``w<i>.prof``)."""
     code = 1
     profiler = cProfile.Profile() if profile else None
     try:
         if profiler:
             profiler.enable()
-        from sweeper.search import pool, runner
-        from sweeper.search.state import Role
-        from sweeper.track.progress import QuietObserver
+        from sweeper.search import pool
 
         stats = Stats()
 
@@ -187,7 +238,7 @@ def worker(
         devnull = os.open(os.devnull, os.O_WRONLY)  # the workers' warnings, N times over: not shown
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        runner.run_sweep(spec, out, QuietObserver(), role=Role.WORKER)
+        stats.visits = run()
         stats.dump(stats_path)
         if profiler:
             profiler.disable()
@@ -197,40 +248,76 @@ def worker(
         os._exit(code)
 
 
-def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace, curves, work: Path) -> dict[str, Any]:
-    from sweeper.spec import validate
+def sweep_worker(spec: Any, out: Path) -> Any:
+    """`sweeper worker SPEC`'s runner (one sweep), as ``worker``'s ``run``."""
 
-    database = f"sweeper_scale_{uuid.uuid4().hex[:8]}"
+    def run() -> int:
+        from sweeper.search import runner
+        from sweeper.search.state import Role
+        from sweeper.track.progress import QuietObserver
+
+        runner.run_sweep(spec, out, QuietObserver(), role=Role.WORKER)
+        return 1
+
+    return run
+
+
+def queue_worker(url: str, out: Path) -> Any:
+    """`sweeper worker --queue URL --drain` (a CPU of 24 GB on offer), as ``worker``'s ``run``:
+    the sweeps it entered."""
+
+    def run() -> int:
+        from sweeper.queue.table import Offer
+        from sweeper.queue.worker import QueueWorker
+
+        served = QueueWorker(url, out, Offer("cpu", 24.0), lambda line: None, drain=True)
+        served.run()
+        return served.served
+
+    return run
+
+
+def database() -> tuple[str, str]:
+    """A new database on the server: its name and URL."""
+    name = f"sweeper_scale_{uuid.uuid4().hex[:8]}"
     with admin() as db:
-        db.execute(f'CREATE DATABASE "{database}"')
-    url = SERVER.set(database=database).render_as_string(hide_password=False)
+        db.execute(f'CREATE DATABASE "{name}"')
+    return name, SERVER.set(database=name).render_as_string(hide_password=False)
+
+
+def scale_tree(name: str, url: str, reproducible: bool, n_trials: int, timeout: float | None, batch_size: int) -> Any:
+    """search_spaces/digits.yaml for the simulation: its space, pruner and curves; tracking and export off."""
     tree = yaml.safe_load((ROOT / "search_spaces" / "digits.yaml").read_text())
-    tree["name"] = f"scale{n}"
+    tree["name"] = name
     tree["search"].update(
-        storage=url, reproducible=reproducible, n_trials=100_000, timeout=args.seconds + n * STARTUP_S, parallel=1,
-        sampler="tpe", batch_size=max(4, args.batch_per_worker * n), staleness=staleness,
+        storage=url, reproducible=reproducible, n_trials=n_trials, timeout=timeout, parallel=1,
+        sampler="tpe", batch_size=batch_size,
     )  # fmt: skip
     tree["tracking"] = {"enabled": False}
     tree["export"] = {"formats": []}
-    spec = validate(tree, "scale")
-    mode = label(reproducible, staleness)
-    folder = Path(tempfile.mkdtemp(prefix=f"n{n}-{mode.replace(' ', '')}-", dir=work))  # a run may repeat
-    started = time.monotonic()
-    barrier = multiprocessing.Barrier(n + 1)  # the workers', and this process's
+    return tree
+
+
+def fork_workers(runs: list[Any], curves, folder: Path, profile: bool, barrier: Any) -> dict[int, Path]:
+    """A forked ``worker`` for each of ``runs``: pid -> where its measurements go."""
     children = {}
-    for i in range(n):
+    for i, run in enumerate(runs):
         stats_path = folder / f"w{i}.json"
         pid = os.fork()
         if pid == 0:
-            worker(spec, folder / f"w{i}", curves, stats_path, args.profile is not None, barrier)
+            worker(run, curves, stats_path, profile, barrier)
         children[pid] = stats_path
-    released: list[float] = []
-    allowance_s = n * STARTUP_S  # search.timeout less --seconds
-    threading.Thread(target=release, args=(barrier, url, spec.name, allowance_s, released), daemon=True).start()
+    return children
+
+
+def watch(name: str, children: dict[int, Path], before_drop: Any = None) -> tuple[int, float]:
+    """Until every child exits: the most connections to database ``name`` at once and the lock
+    waits a sample (pg_stat_activity, pg_locks: every SAMPLE_S); then ``before_drop()``, and the
+    database is dropped."""
     peak_connections, lock_waits, samples = 0, 0, 0
     with admin() as db:
         while children:
-            row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)).fetchone()
+            row = db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone()
             waits = db.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()
             peak_connections = max(peak_connections, row[0] if row else 0)
             lock_waits += waits[0] if waits else 0
@@ -241,26 +328,22 @@ def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace
                     break
                 children.pop(pid, None)
             time.sleep(SAMPLE_S)
-        db.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    wall = time.monotonic() - started
-    if args.profile:
-        profiles = [str(p) for p in folder.glob("w*.prof")]
-        if profiles:
-            pstats.Stats(*profiles).dump_stats(args.profile / f"n{n}-{mode.replace(' ', '')}.prof")
-    stats = [json.loads(p.read_text()) for p in sorted(folder.glob("w*.json"))]
+        if before_drop is not None:
+            before_drop()
+        db.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return peak_connections, lock_waits / max(1, samples)
+
+
+def measured(stats: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """The columns every run reports, from its workers' measurements."""
     trials = sum(s["trials"] for s in stats)
     decisions = sorted(d for s in stats for d in s["decisions"])
     return {
-        "workers": n,
-        "mode": mode,
-        "batch_size": spec.search.batch_size,
-        "staleness": spec.search.staleness,
         "workers_ok": len(stats),
         "wall_s": wall,
         "trials": trials,
         "start_s_median": statistics.median(s["start_s"] for s in stats) if stats else None,
         "utilisation": sum(s["busy_s"] for s in stats) / max(1e-9, sum(s["held_s"] for s in stats)),
-        "clock_utilisation": clock_utilisation(stats, released[0] if released else None, args.seconds),
         "trials_per_min": 60 * trials / wall,
         "coordinator_s_per_trial": sum(s["held_s"] - s["busy_s"] for s in stats) / max(1, trials),
         # CPU each trial costs its worker (decisions included): what N workers on these cores share
@@ -268,8 +351,101 @@ def run_one(n: int, reproducible: bool, staleness: int, args: argparse.Namespace
         "statements_per_trial": sum(s["statements"] for s in stats) / max(1, trials),
         "decision_p50_ms": 1000 * decisions[len(decisions) // 2] if decisions else None,
         "decision_p99_ms": 1000 * decisions[int(len(decisions) * 0.99)] if decisions else None,
+    }
+
+
+def merge_profiles(args: argparse.Namespace, folder: Path, name: str) -> None:
+    if args.profile:
+        profiles = [str(p) for p in folder.glob("w*.prof")]
+        if profiles:
+            pstats.Stats(*profiles).dump_stats(args.profile / f"{name}.prof")
+
+
+def run_one(
+    n: int, reproducible: bool, staleness: int, filled: int, args: argparse.Namespace, curves, work: Path
+) -> dict[str, Any]:
+    from sweeper.spec import validate
+
+    name, url = database()
+    tree = scale_tree(
+        f"scale{n}", url, reproducible, 100_000, args.seconds + n * STARTUP_S, max(4, args.batch_per_worker * n)
+    )
+    tree["search"]["staleness"] = staleness
+    spec = validate(tree, "scale")
+    mode = label(reproducible, staleness)
+    folder = Path(tempfile.mkdtemp(prefix=f"n{n}-{mode.replace(' ', '')}-", dir=work))  # a run may repeat
+    if filled:
+        prefill(spec, folder, curves, filled)
+    started = time.monotonic()
+    barrier = multiprocessing.Barrier(n + 1)  # the workers', and this process's
+    runs = [sweep_worker(spec, folder / f"w{i}") for i in range(n)]
+    children = fork_workers(runs, curves, folder, args.profile is not None, barrier)
+    released: list[float] = []
+    allowance_s = n * STARTUP_S  # search.timeout less --seconds
+    threading.Thread(target=release, args=(barrier, url, spec.name, allowance_s, released), daemon=True).start()
+    peak_connections, lock_waits = watch(name, children)
+    wall = time.monotonic() - started
+    merge_profiles(args, folder, f"n{n}-{mode.replace(' ', '')}-k{filled}")
+    stats = [json.loads(p.read_text()) for p in sorted(folder.glob("w*.json"))]
+    return {
+        "workers": n,
+        "mode": mode,
+        "prefilled": filled,
+        "batch_size": spec.search.batch_size,
+        "staleness": spec.search.staleness,
+        **measured(stats, wall),
+        "clock_utilisation": clock_utilisation(stats, released[0] if released else None, args.seconds),
         "peak_connections": peak_connections,
-        "lock_waits_per_sample": lock_waits / max(1, samples),
+        "lock_waits_per_sample": lock_waits,
+    }
+
+
+def run_queue(n: int, args: argparse.Namespace, curves, work: Path) -> dict[str, Any]:
+    """``--queue K``: K sweeps of ``--queue-trials`` trials each (reproducible batches of 4, three
+    owners of equal share) in a queue that N `sweeper worker --queue --drain` processes serve
+    until every sweep is finished (each worker's finishing process summarises those it ends)."""
+    from sweeper.queue.table import Queue
+    from sweeper.spec import validate
+
+    name, url = database()
+    queue = Queue(url)
+    for i in range(args.queue):
+        spec = validate(scale_tree(f"q{i:03d}", url, True, args.queue_trials, None, 4), "scale")
+        queue.add(spec.name, f"team{i % 3}", 0, spec.model_dump(mode="json"), "cpu", 0.0)
+    queue.close()
+    folder = Path(tempfile.mkdtemp(prefix=f"n{n}-queue-", dir=work))
+    started = time.monotonic()
+    barrier = multiprocessing.Barrier(n + 1)
+    children = fork_workers(
+        [queue_worker(url, folder / "runs") for _ in range(n)], curves, folder, args.profile is not None, barrier
+    )
+    released: list[float] = []
+    threading.Thread(target=lambda: (barrier.wait(BARRIER_S), released.append(time.monotonic())), daemon=True).start()
+    states: dict[str, int] = {}
+
+    def ended() -> None:  # the sweeps' states, read before watch drops the database
+        queue = Queue(url)
+        for entry in queue.entries():
+            states[entry.state] = states.get(entry.state, 0) + 1
+        queue.close()
+
+    peak_connections, lock_waits = watch(name, children, before_drop=ended)
+    wall = time.monotonic() - started
+    merge_profiles(args, folder, f"n{n}-queue{args.queue}")
+    stats = [json.loads(p.read_text()) for p in sorted(folder.glob("w*.json"))]
+    return {
+        "workers": n,
+        "mode": f"queue of {args.queue}",
+        "prefilled": 0,
+        "batch_size": 4,
+        "staleness": 0,
+        **measured(stats, wall),
+        # from the last worker's start-up to the last exit: the queue's drain
+        "drain_s": time.monotonic() - released[0] if released else None,
+        "sweeps": states,
+        "visits_per_sweep": sum(s.get("visits", 0) for s in stats) / max(1, args.queue),
+        "peak_connections": peak_connections,
+        "lock_waits_per_sample": lock_waits,
     }
 
 
@@ -309,13 +485,15 @@ def label(reproducible: bool, staleness: int) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Utilisation against the number of workers, a line per mode (matplotlib, which MLflow brings)."""
+    """Utilisation against the number of workers, a line per mode (matplotlib, which MLflow brings);
+    the runs of the smallest --prefill only."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
+    rows = [r for r in rows if r["prefilled"] == min(r["prefilled"] for r in rows)]
     for mode in dict.fromkeys(r["mode"] for r in rows):
         points = [(r["workers"], 100 * r["utilisation"]) for r in rows if r["mode"] == mode]
         if points:
@@ -340,6 +518,11 @@ def main() -> None:
         "--staleness", type=int, nargs="+", default=[0], help="reproducible: search.staleness, a run for each"
     )
     parser.add_argument("--epoch-s", type=float, default=1.0, help="the replayed epochs' mean seconds")
+    parser.add_argument(
+        "--prefill", type=int, nargs="+", default=[0], help="finished trials in the study at the start, a run each"
+    )
+    parser.add_argument("--queue", type=int, help="instead of one sweep: a queue of this many sweeps (run_queue)")
+    parser.add_argument("--queue-trials", type=int, default=8, help="--queue: each sweep's search.n_trials")
     parser.add_argument("--recorded", type=Path, default=ROOT / "runs" / "digits" / "summary.json")
     parser.add_argument("--results", type=Path, help="write the rows as JSON here too")
     parser.add_argument("--profile", type=Path, help="write each run's workers' cProfile statistics, merged, here")
@@ -354,18 +537,25 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:
+            if args.queue:
+                rows.append(run_queue(n, args, curves, Path(tmp)))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
             for mode in args.modes:
                 for staleness in args.staleness if MODES[mode] else [0]:
-                    rows.append(run_one(n, MODES[mode], staleness, args, curves, Path(tmp)))
-                    print(json.dumps(rows[-1]), flush=True)
+                    for filled in args.prefill:
+                        rows.append(run_one(n, MODES[mode], staleness, filled, args, curves, Path(tmp)))
+                        print(json.dumps(rows[-1]), flush=True)
     print(describe())
     print(f"search.timeout {args.seconds:.0f} s a run, epochs of {args.epoch_s} s on average, {args.recorded}")
-    columns = [c for c in rows[0] if c not in ("workers", "mode")]
-    print("| workers | mode | " + " | ".join(columns) + " |")
-    print("|---|---|" + "---|" * len(columns))
+    columns = [c for c in rows[0] if c not in ("workers", "mode", "prefilled")]
+    print("| workers | mode | prefilled | " + " | ".join(columns) + " |")
+    print("|---|---|---|" + "---|" * len(columns))
     for row in rows:
         cells = [f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c]) for c in columns]
-        print(f"| {row['workers']} | {row['mode']} | " + " | ".join(cells) + " |")
+        print(f"| {row['workers']} | {row['mode']} | {row['prefilled']} | " + " | ".join(cells) + " |")
+    if args.queue:
+        print(f"a queue of {args.queue} sweeps of {args.queue_trials} trials each (reproducible batches of 4)")
     if args.plot:
         plot(rows, args.plot)
     if args.results:

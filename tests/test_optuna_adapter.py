@@ -288,6 +288,42 @@ def test_attrs_of_live_and_lost_trials(study: optuna.Study):
         rdb.set_system_attr(study, tid, "sweeper_interrupted", "late")
 
 
+def test_a_view_shares_finished_trials_as_add_trials_would_copy_them():
+    """add_shared (batches.py, finished.py): the view holds the trials as ``add_trials`` makes
+    them (numbers, ids, states, values, epochs, the best trial), sharing their contents instead of
+    deep-copying each; the view's own new trials leave the shared trials as they were (and a
+    finished trial takes no writes)."""
+    source = optuna.create_study(direction="maximize")
+    for i, value in enumerate([0.2, 0.9, 0.5]):
+        source.enqueue_trial({"lr": 0.01 * (i + 1)})
+        trial = source.ask()
+        trial.suggest_float("lr", 1e-3, 1e-1, log=True)
+        trial.report(value / 2, 1)
+        source.tell(trial, value if i != 2 else None, state=TrialState.PRUNED if i == 2 else None)
+    trials = source.get_trials(deepcopy=False)
+    copied, shared = optuna.create_study(direction="maximize"), optuna.create_study(direction="maximize")
+    copied.add_trials(trials)
+    rdb.add_shared(shared, trials)
+    seen = [(t.number, rdb.trial_id(t), t.state, t.values, t.params, t.intermediate_values) for t in shared.trials]
+    assert seen == [
+        (t.number, rdb.trial_id(t), t.state, t.values, t.params, t.intermediate_values) for t in copied.trials
+    ]
+    assert shared.best_trial.number == copied.best_trial.number == 1
+    assert shared.get_trials(deepcopy=False)[0].params is trials[0].params  # shared, not copied
+    shadow = shared.ask()  # the view's own trial: written, finished, never shared
+    shadow.suggest_float("lr", 1e-3, 1e-1, log=True)
+    shadow.report(0.95, 1)
+    shared.tell(shadow, 0.95)
+    with pytest.raises(UpdateFinishedTrialError):  # a finished trial takes no writes
+        rdb.set_user_attr(shared, rdb.trial_id(shared.trials[0]), "seen", True)
+    assert [(t.number, t.values, t.user_attrs) for t in source.trials] == [
+        (0, [0.2], {}),
+        (1, [0.9], {}),
+        (2, [0.25], {}),  # pruned: its last epoch value, as Optuna tells it
+    ]
+    assert shared.best_trial.number == 3 and source.best_trial.number == 1
+
+
 # --- both ends of the declared range -------------------------------------------------------------
 
 

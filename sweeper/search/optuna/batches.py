@@ -17,12 +17,14 @@ al. 2020), a decision of the earlier batches' results only, like every other."""
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
@@ -239,26 +241,31 @@ class EarlierBatches:
             bound = self.known(batch)
             done = [
                 t
-                for t in self.study.get_trials(deepcopy=True, states=FINISHED)
+                for t in self.study.get_trials(deepcopy=False, states=FINISHED)  # Optuna's cache's: not changed
                 if not interrupted(t) and t.user_attrs.get(BATCH, -1) < bound
             ]
             space = self.space(batch)
-            fitted = [f for f in (self._fitted(t, space) for t in done) if f is not None]
+            wanted = {path: distribution(p) for path, p in space.items()}
+            fitted = [f for f in (self._fitted(t, space, wanted) for t in done) if f is not None]
             self.snapshot = (batch, sorted(fitted, key=lambda t: t.user_attrs.get(SLOT, t.number)))
         return self.snapshot[1]
 
-    def _fitted(self, t: FrozenTrial, space: dict[str, sp.Param]) -> FrozenTrial | None:
+    def _fitted(
+        self, t: FrozenTrial, space: dict[str, sp.Param], wanted: dict[str, BaseDistribution]
+    ) -> FrozenTrial | None:
         """A trial of an earlier space version (the sweep resumed in a changed space, or a family
         the round dropped) as a point of ``space`` (``space.fit``), which the sampler compares with
-        its own; None if it is none. A trial of this space is itself."""
-        if all(path in space and d == distribution(space[path]) for path, d in t.distributions.items()):
+        its own: a copy; None if it is none. A trial of this space (``wanted``: its distributions)
+        is itself."""
+        if all(wanted.get(path) == d for path, d in t.distributions.items()):
             return t
         params = sp.fit(space, t.params)
         if params is None:
             return None
         if params != t.params:
             self.refitted.add(t.number)
-        t.params, t.distributions = params, {path: distribution(space[path]) for path in params}
+        t = copy.copy(t)
+        t.params, t.distributions = params, {path: wanted[path] for path in params}
         return t
 
     def view(
@@ -270,7 +277,7 @@ class EarlierBatches:
             study_name=self.spec.name, directions=directions(self.spec), sampler=sampler, pruner=make_pruner(self.spec)
         )
         trials = self.finished_before(batch)
-        view.add_trials(_at_rung(trials, self.spec.train.epochs) if at_rung else trials)
+        rdb.add_shared(view, _at_rung(trials, self.spec.train.epochs) if at_rung else trials)
         return view
 
     def shadow(self, batch: int) -> optuna.Trial:

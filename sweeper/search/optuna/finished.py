@@ -68,7 +68,7 @@ class FinishedTrials:
     def _catch_up(self, view: optuna.Study) -> None:
         """Add to ``view`` the held trials it lacks (lost attempts aside)."""
         start = self.filled.get(view, 0)
-        view.add_trials([t for t in self.held[start:] if not interrupted(t)])
+        rdb.add_shared(view, [t for t in self.held[start:] if not interrupted(t)])
         self.filled[view] = len(self.held)
 
     def _view(self) -> optuna.Study:
