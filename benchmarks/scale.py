@@ -125,7 +125,8 @@ def prefill(spec: Any, folder: Path, curves: list[list[dict[str, float]]], k: in
         trials = []
         for slot in range(k):
             params = sp.suggest(spec.search.space, draw.ask())
-            curve = [h[metric] for h in rng.choice(curves)]
+            scale = 1 + 0.01 * rng.random()  # recorded curves, none equal to another (ties are rare in sweeps)
+            curve = [h[metric] * scale for h in rng.choice(curves)]
             stop = rng.randint(spec.search.pruner.min_epochs, len(curve) - 1) if rng.random() < 0.4 else len(curve)
             state = optuna.trial.TrialState.COMPLETE if stop == len(curve) else optuna.trial.TrialState.PRUNED
             trials.append(

@@ -44,6 +44,23 @@ def test_the_pareto_front_keeps_exactly_the_points_nothing_beats_on_both():
     assert numbers(pareto_front([ACC, SIZE], POINTS, values)) == [0, 2, 4, 5, 6]
 
 
+def test_the_pareto_front_is_every_point_nothing_dominates_for_one_to_three_objectives():
+    """pareto_front compares each point with the front found so far (in the order of its keys),
+    not with every point: the same points, in their order, as the definition gives, ties, NaN
+    (never dominated, dominating nothing) and repeated values included."""
+    import math
+    import random
+
+    goals = [ACC, SIZE, Objective(metric="latency_ms", direction="minimize")]
+    rng = random.Random(0)
+    for case in range(300):
+        k, n = 1 + case % 3, rng.randint(0, 40)
+        grid = [0.1, 0.2, 0.3, math.nan] if case % 5 == 0 else [0.1, 0.2, 0.3, 0.4, 0.5]
+        points = [(i, {g.metric: rng.choice(grid) for g in goals[:k]}) for i in range(n)]
+        brute = [p for p in points if not any(dominates(q[1], p[1], goals[:k]) for q in points)]
+        assert pareto_front(goals[:k], points, lambda p: p[1]) == brute, points
+
+
 @pytest.mark.parametrize(
     "rule, expected",
     [

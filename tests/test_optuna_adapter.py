@@ -265,6 +265,10 @@ def test_light_reads_of_waiting_running_and_finished_trials(study: optuna.Study)
     ]
     assert [rdb.trial_id(t) for t in rdb.whole(study, {ids[0], ids[2]})] == [ids[0], ids[2]]
     assert rdb.whole(study, set()) == [] and rdb.finished_trials(study, set()) == []
+    # the trials a study held before it had a ledger, less those lost (store.py): one light read
+    assert rdb.count_without(study, "sweeper_interrupted") == 5
+    rdb.set_system_attr(study, ids[0], "sweeper_interrupted", "its process died")
+    assert rdb.count_without(study, "sweeper_interrupted") == 4
 
 
 def test_attrs_of_live_and_lost_trials(study: optuna.Study):

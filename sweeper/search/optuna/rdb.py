@@ -184,6 +184,12 @@ def unfinished(study: optuna.Study, key: str) -> list[tuple[int, Any]]:
     return _listed(study, [TrialState.WAITING, TrialState.RUNNING], models.TrialUserAttributeModel, key)
 
 
+def count_without(study: optuna.Study, key: str) -> int:
+    """How many of the study's trials have no true system attr ``key``: one statement of two
+    columns, where a read of every trial whole took 16 s at 10,000 trials (store.py)."""
+    return sum(not value for _, value in _listed(study, list(TrialState), models.TrialSystemAttributeModel, key))
+
+
 def whole(study: optuna.Study, ids: set[int]) -> list[FrozenTrial]:
     """The trials of ``ids``, whole, in whatever state."""
     return [t for t in _whole(study, ids, None) if t._trial_id in ids]

@@ -14,6 +14,7 @@ from typing import Any
 from sweeper.errors import UserError
 from sweeper.phases import launched_at
 from sweeper.plan import budget_clock
+from sweeper.search.optuna import rdb
 from sweeper.search.optuna import study as studies
 from sweeper.search.optuna.lease import Heartbeat
 from sweeper.search.optuna.ledger import Ledger, Sweep, find
@@ -204,7 +205,7 @@ class LedgerStore:
 
     def _existing(self) -> int:
         """Trials of a study made before it had a ledger (an older sweeper): their slots are taken."""
-        return sum(1 for t in self.study.get_trials(deepcopy=False) if not studies.interrupted(t))
+        return rdb.count_without(self.study, studies.INTERRUPTED)
 
     def close(self) -> None:
         if self.joined:
