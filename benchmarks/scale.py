@@ -40,6 +40,10 @@ before the earlier ones end). For each N and mode it reports:
     python benchmarks/scale.py --workers 8 --seconds 60 --modes reproducible
     python benchmarks/scale.py --workers 8 32 --seconds 60 --modes reproducible --staleness 0 1 2
     python benchmarks/scale.py --workers 8 --prefill 100 10000 --seconds 60
+    python benchmarks/scale.py --workers 16 --queue 100 --queue-trials 8 --epoch-s 0.5
+
+``--queue K`` runs, for each N, K sweeps of ``--queue-trials`` trials through a queue that N
+`sweeper worker --queue --drain` processes serve (run_queue), instead of one sweep.
 
 ``--prefill K`` starts each run's study with K finished trials (issue #56 item 3: is a trial's
 cost flat in the study's size?): each a random point of the space with a recorded curve, pruned
