@@ -57,6 +57,26 @@ def test_the_policy_puts_priority_first_then_fair_share_then_the_order_submitted
     assert ahead_by(running, "bob", "alice", "w1") == -10.0  # w1's own trial: not running while it decides
 
 
+def test_a_sweep_whose_batches_have_no_room_left_comes_after_the_owners_next_one():
+    """Within an owner, a reproducible sweep served by as many workers as its batches in flight
+    hold (batch_size x (staleness + 1)) comes after the owner's next sweep: a worker joining it
+    would find nothing to claim. Without a known bound (free mode), the order submitted."""
+    batches = {"search": {"reproducible": True, "batch_size": 2, "staleness": 0}}
+    a, b = entry("a", spec=batches), entry("bb", spec=batches)
+    assert choose(Pool([a, b], {}, {}, {"w1": "a"}), CPU, "me").name == "a"  # room for one more
+    assert choose(Pool([a, b], {}, {}, {"w1": "a", "w2": "a"}), CPU, "me").name == "bb"
+    assert choose(Pool([a, b], {}, {}, {"w1": "a", "w2": "a", "w3": "bb", "w4": "bb"}), CPU, "me").name == "a"
+    stale = {"search": {**batches["search"], "staleness": 1}}  # two batches in flight: room for 4
+    a = entry("a", spec=stale)
+    assert choose(Pool([a, b], {}, {}, {"w1": "a", "w2": "a"}), CPU, "me").name == "a"
+    free = {"search": {"reproducible": False, "batch_size": 2}}
+    a = entry("a", spec=free)
+    assert choose(Pool([a, b], {}, {}, {"w1": "a", "w2": "a", "w3": "a"}), CPU, "me").name == "a"
+    # the owner first: bob's sweep, with room or not, after alice's while bob has more workers
+    c = entry("ccc", "bob", spec=batches)
+    assert choose(Pool([a, b, c], {}, {}, {"w1": "ccc"}), CPU, "me").owner == "alice"
+
+
 def test_the_policy_keeps_quotas_and_device_requirements():
     a, b = entry("a", "alice", priority=5), entry("bb", "bob")
     owners = {"alice": {"weight": 1, "max_devices": 1}}

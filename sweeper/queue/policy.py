@@ -10,8 +10,9 @@
    half-life of a day, plus the trials other workers
    train for them now, each counted as that worker's last trial: without them, every worker that
    sees one owner behind serves it at once, and the owners swing past each other by a trial
-   per worker), then the one fewer workers serve now; within an owner, its sweeps in the order
-   submitted. A worker serving one owner
+   per worker), then the one fewer workers serve now; within an owner, its sweeps that have room
+   for another worker (a reproducible sweep: its batches in flight, ``_room``) before those
+   that have not, each in the order submitted. A worker serving one owner
    leaves for another once its owner is ahead (``ahead_by``) by more than half the device time
    of the trials it just trained (a switch then narrows the gap): the owners stay within about
    one batch of trials, without a switch of sweeps after every trial.
@@ -86,10 +87,25 @@ def choose(pool: Pool, offer: Offer, me: str, resting: frozenset[str] | set[str]
     for name, n in serving.items():
         owner_serving[by_name[name].owner] += n
 
-    def share(e: Entry) -> tuple[float, float, float, str]:
-        return (used.get(e.owner, 0.0), owner_serving[e.owner] / pool.weight(e.owner), e.submitted_at, e.name)
+    def share(e: Entry) -> tuple[float, float, bool, float, str]:
+        room = _room(e)
+        full = room is not None and serving[e.name] >= room
+        return (used.get(e.owner, 0.0), owner_serving[e.owner] / pool.weight(e.owner), full, e.submitted_at, e.name)
 
     return min(candidates, key=share)
+
+
+def _room(entry: Entry) -> int | None:
+    """How many workers the sweep's trials can keep busy at once: a reproducible sweep's batches
+    in flight (search.batch_size x (search.staleness + 1)); None where no bound is known
+    (``reproducible: false``, or no batch size). Past it, a worker that joins finds nothing to
+    claim, rests there and leaves: in a queue of 100 sweeps of 8 trials, batches of 4, each sweep
+    was entered 18.7 times by 16 workers (docs/many-machines.md#a-queue-of-100-sweeps)."""
+    search = entry.spec.get("search", {})
+    size = search.get("batch_size")
+    if not search.get("reproducible", True) or not size:
+        return None
+    return int(size) * (1 + int(search.get("staleness") or 0))
 
 
 def ahead_by(pool: Pool, owner: str, other: str, me: str = "") -> float:
