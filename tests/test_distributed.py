@@ -393,6 +393,9 @@ def test_a_server_that_stays_away_is_an_error_naming_it(monkeypatch: pytest.Monk
     from sweeper.search.optuna import engine
 
     monkeypatch.setattr(engine, "SERVER_WAIT_S", 1.0)
+    # this test's own memory of the servers that answered: an earlier test's cluster in this
+    # process may have had the port the probe gets (then waited for, not refused at once)
+    monkeypatch.setattr(engine, "_OUTAGE", engine._Outage())
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         nowhere = f"postgresql+psycopg://postgres@127.0.0.1:{probe.getsockname()[1]}/sweeps"
